@@ -1,0 +1,1 @@
+"""Benchmark harness (not shipped with the package)."""

@@ -1,0 +1,1 @@
+"""Peer-comparison benchmark for conveyor: ``python -m bench.peers``."""

@@ -1,0 +1,110 @@
+"""Worker process groups: start, stop, and measure their CPU time.
+
+Every worker command starts in a new session so the harness can signal the
+whole tree a peer forks (Celery's pool, Dramatiq's processes, ...) and can
+sum CPU over it from ``/proc`` without psutil.  Output goes to a log file, not
+a pipe: an unread pipe blocks a chatty worker after ~64 KiB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class WorkerGroup:
+    """A set of worker processes, each the leader of its own session."""
+
+    def __init__(self, procs: list[subprocess.Popen[bytes]], log_path: Path) -> None:
+        self.procs = procs
+        self.log_path = log_path
+
+    @property
+    def sessions(self) -> set[int]:
+        return {p.pid for p in self.procs}
+
+    def alive(self) -> bool:
+        return any(p.poll() is None for p in self.procs)
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return " | ".join(t.strip() for t in text.strip().splitlines()[-lines:])
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM every session, then SIGKILL whatever is left after *grace* s."""
+        for sid in self.sessions:
+            _signal_session(sid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and _session_pids(self.sessions):
+            for p in self.procs:
+                p.poll()
+            time.sleep(0.05)
+        for sid in self.sessions:
+            _signal_session(sid, signal.SIGKILL)
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+
+    def cpu_seconds(self) -> float:
+        """User+system CPU of every live process in the worker sessions."""
+        total = 0
+        for pid in _session_pids(self.sessions):
+            fields = _stat_fields(pid)
+            if fields:
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / CLK_TCK
+
+
+def start_workers(
+    cmds: Sequence[list[str]], env: dict[str, str], cwd: Path, log_path: Path
+) -> WorkerGroup:
+    """Start each command in a fresh session, output appended to *log_path*."""
+    log = log_path.open("ab")
+    try:
+        procs = [
+            subprocess.Popen(
+                cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            for cmd in cmds
+        ]
+    finally:
+        log.close()
+    return WorkerGroup(procs, log_path)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the ``(comm)`` field (state is index 0)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def _session_pids(sessions: set[int]) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(int(entry))
+        # index 3 is the session id; skip zombies, they cost nothing.
+        if fields and fields[0] != "Z" and int(fields[3]) in sessions:
+            pids.append(int(entry))
+    return pids
+
+
+def _signal_session(sid: int, sig: signal.Signals) -> None:
+    for pid in _session_pids({sid}):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
