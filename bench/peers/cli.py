@@ -26,8 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, help="runs per figure, median reported (default 3)")
     p.add_argument("--enqueue-jobs", type=int, help="jobs per enqueue run (default 3000)")
     p.add_argument("--drain-cap", type=float, help="seconds before a drain run is cut off")
-    p.add_argument("--output", type=Path, default=BENCH_DIR / "RESULTS.md",
-                   help="markdown report path (default bench/RESULTS.md)")  # fmt: skip
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=BENCH_DIR / "RESULTS.md",
+        help="markdown report path (default bench/RESULTS.md)",
+    )
     p.add_argument("--no-write", action="store_true", help="print the table only")
     return p
 
@@ -36,9 +40,11 @@ def _options(args: argparse.Namespace) -> Options:
     overrides = {
         k: v
         for k, v in {
-            "jobs": args.jobs, "runs": args.runs,
-            "enqueue_jobs": args.enqueue_jobs, "drain_cap_s": args.drain_cap,
-        }.items()  # fmt: skip
+            "jobs": args.jobs,
+            "runs": args.runs,
+            "enqueue_jobs": args.enqueue_jobs,
+            "drain_cap_s": args.drain_cap,
+        }.items()
         if v is not None
     }
     if args.jobs is not None:
@@ -84,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_write:
         flags = " ".join(sys.argv[1:]) or "(defaults)"
         options_text = f"with `{flags}`: {opts}"
-        write_markdown(args.output, results, redis_version, platform.python_version(),
-                       options_text, elapsed)  # fmt: skip
+        write_markdown(
+            args.output, results, redis_version, platform.python_version(), options_text, elapsed
+        )
         print(f"wrote {args.output}")
     print(f"total {elapsed / 60:.1f} min")

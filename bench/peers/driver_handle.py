@@ -49,9 +49,15 @@ class DriverHandle:
         """Run one driver command to completion and return its JSON result."""
         try:
             proc = subprocess.run(
-                self._argv(*args), env=self.env, cwd=REPO_ROOT, capture_output=True,
-                text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+                self._argv(*args),
+                env=self.env,
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired as exc:
             raise DriverError(f"`{args[0]}` timed out after {timeout:.0f}s") from exc
         with (self.log_dir / f"{self.spec.name}-driver.log").open("a") as log:

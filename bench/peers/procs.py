@@ -73,9 +73,14 @@ def start_workers(
     try:
         procs = [
             subprocess.Popen(
-                cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                cmd,
+                env=env,
+                cwd=cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             for cmd in cmds
         ]
     finally:

@@ -80,13 +80,19 @@ def private_redis(timeout: float = 10.0) -> Iterator[RedisServer]:
     port = free_port()
     cmd = [
         REDIS_SERVER,
-        "--bind", HOST,
-        "--port", str(port),
-        "--dir", str(workdir),
-        "--save", "",
-        "--appendonly", "no",
-        "--logfile", str(workdir / "redis.log"),
-    ]  # fmt: skip
+        "--bind",
+        HOST,
+        "--port",
+        str(port),
+        "--dir",
+        str(workdir),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--logfile",
+        str(workdir / "redis.log"),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = RedisServer(port, workdir, proc)
     try:

@@ -78,8 +78,12 @@ def print_table(results: Sequence[PeerResult]) -> None:
     except ImportError:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for row in rows:
-            print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
-                            enumerate(zip(row, widths, strict=True))))  # fmt: skip
+            print(
+                "  ".join(
+                    c.rjust(w) if i else c.ljust(w)
+                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
+                )
+            )
         return
     table = Table(title="conveyor vs peers")
     for i, h in enumerate(rows[0]):
@@ -107,9 +111,13 @@ def _nproc() -> str:
 
 
 def write_markdown(
-    path: Path, results: Sequence[PeerResult], redis_version: str, python_version: str,
-    options_text: str, elapsed_s: float,
-) -> None:  # fmt: skip
+    path: Path,
+    results: Sequence[PeerResult],
+    redis_version: str,
+    python_version: str,
+    options_text: str,
+    elapsed_s: float,
+) -> None:
     """Write RESULTS.md: machine, versions and configs, the table, and notes."""
     lines = [
         "# conveyor vs peers",
@@ -137,9 +145,13 @@ def write_markdown(
         lines.append(f"- **{r.title}** {r.version}{status}")
         lines += [f"  - {c}" for c in r.config]
     lines += ["", "## Why figures are missing", ""]
-    lines += [f"- {r.title}: {m.label}: {r.value(m.key).reason}"
-              for r in results if r.status == "ok" for m in METRICS
-              if r.value(m.key).number is None and r.value(m.key).reason != "no such API"]  # fmt: skip
+    lines += [
+        f"- {r.title}: {m.label}: {r.value(m.key).reason}"
+        for r in results
+        if r.status == "ok"
+        for m in METRICS
+        if r.value(m.key).number is None and r.value(m.key).reason != "no such API"
+    ]
     lines += ["", METHOD_NOTES]
     path.write_text("\n".join(lines) + "\n")
 

@@ -49,10 +49,15 @@ class Options:
     @classmethod
     def quick(cls, **overrides: Any) -> Options:
         base = {
-            "jobs": 2_000, "runs": 1, "enqueue_jobs": 500, "mem_jobs": 2_000,
-            "latency_samples": 50, "idle_seconds": 3.0, "drain_cap_s": 15.0,
+            "jobs": 2_000,
+            "runs": 1,
+            "enqueue_jobs": 500,
+            "mem_jobs": 2_000,
+            "latency_samples": 50,
+            "idle_seconds": 3.0,
+            "drain_cap_s": 15.0,
             "peer_budget_s": 120.0,
-        }  # fmt: skip
+        }
         base.update(overrides)
         return cls(**base)
 
@@ -122,8 +127,16 @@ class PeerBench:
         n, runs = self.opts.enqueue_jobs, self.opts.runs
         self.server.flush()
         timeout = 60 + 0.05 * n * runs * len(modes)
-        secs = self.h.call("enqueue", "--modes", ",".join(modes), "--n", str(n),
-                           "--runs", str(runs), timeout=timeout)  # fmt: skip
+        secs = self.h.call(
+            "enqueue",
+            "--modes",
+            ",".join(modes),
+            "--n",
+            str(n),
+            "--runs",
+            str(runs),
+            timeout=timeout,
+        )
         for mode in modes:
             rates = [n / s for s in secs[mode] if s > 0]
             self.result.values[MODE_METRIC[mode]] = Value.median(rates)
@@ -163,8 +176,10 @@ class PeerBench:
                 break
         value = Value.median(rates, partial=partial)
         self.result.values[f"drain_{profile}"] = value
-        self.log(f"  [{self.h.spec.name}] drain {profile}: {value.number:,.0f}/s"
-                 + (" (partial: time cap)" if partial else ""))  # fmt: skip
+        self.log(
+            f"  [{self.h.spec.name}] drain {profile}: {value.number:,.0f}/s"
+            + (" (partial: time cap)" if partial else "")
+        )
 
     def _drain_once(self, profile: str, copies: int, snap: snapshot.Snapshot) -> tuple[float, bool]:
         """Rate from the first completion to the last (worker start-up excluded)."""
@@ -196,16 +211,24 @@ class PeerBench:
         n, p50s, p99s = self.opts.latency_samples, [], []
         for run in range(self.opts.runs):
             self.server.client.delete(LATENCY_KEY)
-            self.h.call("latency", "--n", str(n), "--interval", str(self.opts.latency_interval),
-                        timeout=60 + n * self.opts.latency_interval * 2)  # fmt: skip
+            self.h.call(
+                "latency",
+                "--n",
+                str(n),
+                "--interval",
+                str(self.opts.latency_interval),
+                timeout=60 + n * self.opts.latency_interval * 2,
+            )
             self._wait_for(group, 1 + n * (run + 1), 30.0)
             samples = [float(x) * 1000 for x in self.server.client.lrange(LATENCY_KEY, 0, -1)]
             p50s.append(percentile(samples, 0.50))
             p99s.append(percentile(samples, 0.99))
         self.result.values["lat_p50"] = Value.median(p50s)
         self.result.values["lat_p99"] = Value.median(p99s)
-        self.log(f"  [{self.h.spec.name}] latency p50 {statistics.median(p50s):.2f} ms, "
-                 f"p99 {statistics.median(p99s):.2f} ms")  # fmt: skip
+        self.log(
+            f"  [{self.h.spec.name}] latency p50 {statistics.median(p50s):.2f} ms, "
+            f"p99 {statistics.median(p99s):.2f} ms"
+        )
 
     def _idle(self, group: WorkerGroup) -> None:
         """Median over ``runs`` windows that together last ``idle_seconds``."""
@@ -222,8 +245,10 @@ class PeerBench:
             raise StepError(f"worker died while idle: {group.log_tail()}")
         self.result.values["idle_cmds"] = Value.median(cmds)
         self.result.values["idle_cpu"] = Value.median(cpus)
-        self.log(f"  [{self.h.spec.name}] idle: {statistics.median(cmds):.1f} cmd/s, "
-                 f"{statistics.median(cpus):.2f}% CPU")  # fmt: skip
+        self.log(
+            f"  [{self.h.spec.name}] idle: {statistics.median(cmds):.1f} cmd/s, "
+            f"{statistics.median(cpus):.2f}% CPU"
+        )
 
     # ------------------------------------------------------------------ helpers
     def _calibrate_info(self) -> int:

@@ -1,0 +1,59 @@
+"""conveyor adapter, written against conveyor's pinned public API.
+
+Runs in the repository's own interpreter.  Workers are started through the
+Python API (``app.worker(...).run(burst=...)``), one per process the harness
+spawns, so the figures do not depend on a supervisor CLI.  ``default`` is one
+process at conveyor's default concurrency (32); ``best`` mirrors
+``conveyor worker ... -p 2 -c 64``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import conveyor
+
+from .common import QUEUE, Driver, Profile, record, redis_url
+
+app = conveyor.Conveyor(redis_url())
+
+
+@app.task(name="bench.incr", queue=QUEUE)
+def incr(ts: float = 0.0) -> None:
+    record(ts)
+
+
+class ConveyorDriver(Driver):
+    name = "conveyor"
+    dist = "conveyor"
+    modes = ("sync", "bulk", "async", "abulk")
+    profiles = {
+        "default": Profile(1, "1 process, app.worker(queues=['bench'], concurrency=32)"),
+        "best": Profile(2, "2 processes x app.worker(concurrency=64) (= -p 2 -c 64)"),
+    }
+    notes = ("sync task, plain redis.Redis per process for the INCR",)
+
+    def enqueue_one(self, ts: float) -> None:
+        incr.enqueue(ts)
+
+    def enqueue_batch(self, tss: Sequence[float]) -> None:
+        incr.enqueue_many([(ts,) for ts in tss])
+
+    async def aenqueue_one(self, ts: float) -> None:
+        await incr.aenqueue(ts)
+
+    async def aenqueue_batch(self, tss: Sequence[float]) -> None:
+        await incr.aenqueue_many([(ts,) for ts in tss])
+
+    def run_worker(self, profile: str, burst: bool) -> None:
+        concurrency = 64 if profile == "best" else 32
+        app.worker(queues=[QUEUE], concurrency=concurrency).run(burst=burst)
+
+    def version(self) -> str:
+        try:
+            return super().version()
+        except Exception:  # running from src/ without an install
+            return str(getattr(conveyor, "__version__", "working tree"))
+
+
+DRIVER = ConveyorDriver()

@@ -1,0 +1,59 @@
+"""RQ driver: sync API, ``Queue.enqueue_many`` for bulk, the ``rq`` CLI for workers.
+
+RQ's default ``Worker`` forks a "work horse" per job (isolation over speed);
+the ``best`` profile uses RQ's own ``worker-pool`` with ``SimpleWorker`` (no
+fork per job), two processes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import redis
+from rq import Queue
+
+from .common import QUEUE, Driver, Profile, record, redis_url
+
+
+def incr(ts: float = 0.0) -> None:
+    """The benchmark task; RQ imports it by dotted path in the work horse."""
+    record(ts)
+
+
+class RQDriver(Driver):
+    name = "rq"
+    dist = "rq"
+    modes = ("sync", "bulk")
+    profiles = {
+        "default": Profile(1, "`rq worker` (default Worker: one fork per job)"),
+        "best": Profile(1, "`rq worker-pool -n 2 -w rq.worker.SimpleWorker` (no fork per job)"),
+    }
+    notes = ("bulk = Queue.enqueue_many(Queue.prepare_data(...)), one pipeline",)
+
+    def __init__(self) -> None:
+        self.queue: Queue | None = None
+
+    def setup(self) -> None:
+        self.queue = Queue(QUEUE, connection=redis.Redis.from_url(redis_url()))
+
+    def enqueue_one(self, ts: float) -> None:
+        assert self.queue is not None
+        self.queue.enqueue(incr, ts)
+
+    def enqueue_batch(self, tss: Sequence[float]) -> None:
+        assert self.queue is not None
+        self.queue.enqueue_many([Queue.prepare_data(incr, (ts,)) for ts in tss])
+
+    def run_worker(self, profile: str, burst: bool) -> None:
+        cli = [sys.executable, "-m", "rq.cli"]
+        common = ["--url", redis_url(), "--quiet"]
+        if profile == "best":
+            argv = [*cli, "worker-pool", *common, "-n", "2", "-w", "rq.worker.SimpleWorker", QUEUE]
+        else:
+            argv = [*cli, "worker", *common, QUEUE]
+        os.execv(sys.executable, argv)
+
+
+DRIVER = RQDriver()

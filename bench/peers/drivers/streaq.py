@@ -1,0 +1,63 @@
+"""streaq driver: async ``task.enqueue`` and pipelined ``Worker.enqueue_many``.
+
+streaq talks to Redis through coredis; redis-py is there only for the shared
+task body.  Workers are the ``streaq run`` CLI (concurrency 16 by default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+
+from streaq import Worker
+
+from .common import QUEUE, Driver, Profile, arecord, redis_url
+
+worker = Worker(redis_url=redis_url(), queue_name=QUEUE)
+best_worker = Worker(redis_url=redis_url(), queue_name=QUEUE, concurrency=32)
+
+
+@worker.task
+async def incr(ts: float = 0.0) -> None:
+    await arecord(ts)
+
+
+best_worker.include(worker)
+
+
+class StreaqDriver(Driver):
+    name = "streaq"
+    dist = "streaq"
+    modes = ("async", "abulk")
+    profiles = {
+        "default": Profile(1, "`streaq run module:worker` (concurrency 16)"),
+        "best": Profile(1, "`streaq run module:best_worker --workers 2` (concurrency 32)"),
+    }
+    notes = ("bulk = await worker.enqueue_many([...]), one pipeline",)
+
+    def __init__(self) -> None:
+        self.stack = contextlib.AsyncExitStack()
+
+    async def asetup(self) -> None:
+        await self.stack.enter_async_context(worker)
+
+    async def ateardown(self) -> None:
+        await self.stack.aclose()
+
+    async def aenqueue_one(self, ts: float) -> None:
+        await incr.enqueue(ts)
+
+    async def aenqueue_batch(self, tss: Sequence[float]) -> None:
+        await worker.enqueue_many([incr.enqueue(ts) for ts in tss])
+
+    def run_worker(self, profile: str, burst: bool) -> None:
+        target = "best_worker" if profile == "best" else "worker"
+        argv = [sys.executable, "-m", "streaq", "run", f"{__name__}:{target}"]
+        if profile == "best":
+            argv += ["--workers", "2"]
+        os.execv(sys.executable, argv)
+
+
+DRIVER = StreaqDriver()
