@@ -56,13 +56,12 @@ class WorkerGroup:
                 p.wait(timeout=5)
 
     def cpu_seconds(self) -> float:
-        """User+system CPU of every live process in the worker sessions."""
-        total = 0
-        for pid in _session_pids(self.sessions):
-            fields = _stat_fields(pid)
-            if fields:
-                total += int(fields[11]) + int(fields[12])  # utime, stime
-        return total / CLK_TCK
+        """CPU time of every live thread in the worker sessions.
+
+        Uses per-thread ``schedstat`` (nanoseconds) rather than ``stat``'s
+        utime/stime, whose 10 ms ticks are too coarse for an idle worker.
+        """
+        return sum(_process_cpu_seconds(pid) for pid in _session_pids(self.sessions))
 
 
 def start_workers(
@@ -95,6 +94,23 @@ def _stat_fields(pid: int) -> list[str] | None:
     except OSError:
         return None
     return raw[raw.rindex(")") + 2 :].split()
+
+
+def _process_cpu_seconds(pid: int) -> float:
+    total_ns = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            total_ns += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    if total_ns == 0:  # schedstat unavailable: fall back to clock ticks
+        fields = _stat_fields(pid)
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK if fields else 0.0
+    return total_ns / 1e9
 
 
 def _session_pids(sessions: set[int]) -> list[int]:

@@ -47,8 +47,8 @@ def ratio(metric: Metric, results: Sequence[PeerResult]) -> str:
     mine = conveyor.value(metric.key).number
     if mine is None:
         return "n/a"
-    if best[0] == 0:
-        return f"{mine:.3g} vs 0 ({best[1]})"
+    if best[0] == 0:  # a ratio to zero means nothing; say how far off instead
+        return f"= ({best[1]})" if mine == 0 else f"+{mine:.3g} vs 0 ({best[1]})"
     return f"{mine / best[0]:.2f}x ({best[1]})"
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from bullmq import Queue, Worker
 
-from .common import QUEUE, Driver, Profile, arecord, redis_url
+from .base import Driver, Profile
+from .common import QUEUE, arecord, redis_url
 
 
 async def process(job: Any, token: str) -> None:

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import redis
 
-from .common import COUNTER_KEY, QUEUE, Driver, Profile, record, redis_url
+from .base import Driver, Profile
+from .common import COUNTER_KEY, QUEUE, record, redis_url
 
 QUEUE_KEY = f"ceiling:{QUEUE}"
 PIPELINE = 100

@@ -1,27 +1,21 @@
-"""The driver side of the harness protocol, shared by every peer driver.
+"""The task body and the names every driver shares.
 
-This module is imported inside each peer's private virtualenv, so it may use
-only the standard library and redis-py (installed in every venv for the task
-body).  A driver subclasses :class:`Driver` and overrides the enqueue
-primitives the peer actually has; the timing loops live here so that every
-peer is measured by the same code.
+Deliberately light (stdlib + redis-py, ``redis.asyncio`` only on first use):
+RQ's default worker imports the task module afresh in every forked work
+horse, so anything imported here is paid per job there.
 
-The task body is deliberately tiny -- one ``INCR`` on :data:`COUNTER_KEY` --
-so the benchmark measures queue overhead, and the harness counts completions
-from Redis itself instead of trusting a peer's own bookkeeping.
+The task body is tiny -- one ``INCR`` on :data:`COUNTER_KEY` -- so the
+benchmark measures queue overhead, and the harness counts completions from
+Redis itself instead of trusting a peer's own bookkeeping.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import redis
-import redis.asyncio
 
 COUNTER_KEY = "bench:done"
 """Every executed task increments this key once."""
@@ -29,13 +23,6 @@ LATENCY_KEY = "bench:latency"
 """Latency probes push ``started - enqueued`` (seconds) here."""
 QUEUE = "bench"
 """Queue name used by every peer that has named queues."""
-BULK_BATCH = 100
-"""Jobs per bulk call when *measuring* bulk enqueue (same for every peer)."""
-FILL_BATCH = 1000
-"""Jobs per bulk call when merely filling a queue for the drain test."""
-
-SYNC_MODES = ("sync", "bulk")
-ASYNC_MODES = ("async", "abulk")
 
 
 def redis_url() -> str:
@@ -46,7 +33,7 @@ def redis_url() -> str:
 # --------------------------------------------------------------------------- task body
 
 _sync_client: redis.Redis | None = None
-_async_clients: dict[int, redis.asyncio.Redis] = {}
+_async_clients: dict[int, Any] = {}
 
 
 def _latency_pipeline(pipe: Any, started: float, ts: float) -> None:
@@ -71,10 +58,14 @@ def record(ts: float = 0.0) -> None:
 
 async def arecord(ts: float = 0.0) -> None:
     """Async task body for async-first peers (a blocking call would stall their loop)."""
+    import asyncio
+
     started = time.time()
     loop_id = id(asyncio.get_running_loop())
     client = _async_clients.get(loop_id)
     if client is None:
+        import redis.asyncio
+
         client = _async_clients[loop_id] = redis.asyncio.Redis.from_url(redis_url())
     if not ts:
         await client.incr(COUNTER_KEY)
@@ -84,154 +75,6 @@ async def arecord(ts: float = 0.0) -> None:
     await pipe.execute()
 
 
-# --------------------------------------------------------------------------- driver base
-
-
-@dataclass(frozen=True)
-class Profile:
-    """How the harness should run workers for one drain configuration."""
-
-    copies: int
-    """How many worker commands the harness starts (each in its own session)."""
-    description: str
-
-
-class Driver:
-    """Base class: override the primitives the peer supports.
-
-    Sync primitives: :meth:`enqueue_one`, :meth:`enqueue_batch`.
-    Async primitives: :meth:`aenqueue_one`, :meth:`aenqueue_batch`, run between
-    :meth:`asetup` and :meth:`ateardown` in one event loop.
-    """
-
-    name: ClassVar[str]
-    dist: ClassVar[str]
-    modes: ClassVar[tuple[str, ...]]
-    """Subset of ``sync``, ``bulk``, ``async``, ``abulk`` that the peer has."""
-    profiles: ClassVar[dict[str, Profile]]
-    """``default`` (1 process, defaults) and ``best`` (tuned for 2 cores)."""
-    notes: ClassVar[tuple[str, ...]] = ()
-
-    # ---- primitives (override) ---------------------------------------------------
-    def setup(self) -> None:
-        """Connect (sync API).  Called once before any sync primitive."""
-
-    def enqueue_one(self, ts: float) -> None:
-        raise NotImplementedError
-
-    def enqueue_batch(self, tss: Sequence[float]) -> None:
-        raise NotImplementedError
-
-    async def asetup(self) -> None:
-        """Connect (async API) inside the running loop."""
-
-    async def ateardown(self) -> None:
-        """Close async resources so the loop exits cleanly."""
-
-    async def aenqueue_one(self, ts: float) -> None:
-        raise NotImplementedError
-
-    async def aenqueue_batch(self, tss: Sequence[float]) -> None:
-        raise NotImplementedError
-
-    def run_worker(self, profile: str, burst: bool) -> None:
-        """Run (or ``exec``) a worker in the foreground until signalled."""
-        raise NotImplementedError
-
-    def version(self) -> str:
-        from importlib.metadata import version
-
-        return version(self.dist)
-
-    # ---- protocol commands (shared) ---------------------------------------------
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "version": self.version(),
-            "modes": list(self.modes),
-            "profiles": {k: asdict(v) for k, v in self.profiles.items()},
-            "notes": list(self.notes),
-        }
-
-    def time_enqueue(self, mode: str, n: int, runs: int) -> list[float]:
-        """Seconds per run to enqueue *n* jobs in *mode*, after one warm-up call."""
-        if mode in SYNC_MODES:
-            self._setup_once()
-            self._sync_send(mode, 1)  # warm-up: connect, load scripts
-            return [self._timed(lambda: self._sync_send(mode, n)) for _ in range(runs)]
-        return asyncio.run(self._atime_enqueue(mode, n, runs))
-
-    def fill(self, n: int) -> str:
-        """Enqueue *n* jobs by the fastest available API; returns the mode used."""
-        mode = next(m for m in ("bulk", "abulk", "sync", "async") if m in self.modes)
-        if mode in SYNC_MODES:
-            self._setup_once()
-            self._sync_send(mode, n, FILL_BATCH)
-        else:
-            asyncio.run(self._arun(lambda: self._async_send(mode, n, FILL_BATCH)))
-        return mode
-
-    def latency(self, n: int, interval: float) -> None:
-        """Enqueue *n* probes carrying their enqueue time, *interval* s apart."""
-        if "sync" in self.modes:
-            self._setup_once()
-            for _ in range(n):
-                self.enqueue_one(time.time())
-                time.sleep(interval)
-            return
-
-        async def probes() -> None:
-            for _ in range(n):
-                await self.aenqueue_one(time.time())
-                await asyncio.sleep(interval)
-
-        asyncio.run(self._arun(probes))
-
-    # ---- helpers -------------------------------------------------------------------
-    _is_setup = False
-
-    def _setup_once(self) -> None:
-        if not self._is_setup:
-            self.setup()
-            self._is_setup = True
-
-    @staticmethod
-    def _timed(fn: Any) -> float:
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-
-    def _sync_send(self, mode: str, n: int, batch: int = BULK_BATCH) -> None:
-        if mode == "sync":
-            for _ in range(n):
-                self.enqueue_one(0.0)
-            return
-        for start in range(0, n, batch):
-            self.enqueue_batch([0.0] * min(batch, n - start))
-
-    async def _async_send(self, mode: str, n: int, batch: int = BULK_BATCH) -> None:
-        if mode == "async":
-            for _ in range(n):
-                await self.aenqueue_one(0.0)
-            return
-        for start in range(0, n, batch):
-            await self.aenqueue_batch([0.0] * min(batch, n - start))
-
-    async def _arun(self, body: Any) -> Any:
-        await self.asetup()
-        try:
-            return await body()
-        finally:
-            await self.ateardown()
-
-    async def _atime_enqueue(self, mode: str, n: int, runs: int) -> list[float]:
-        async def body() -> list[float]:
-            await self._async_send(mode, 1)
-            out = []
-            for _ in range(runs):
-                t0 = time.perf_counter()
-                await self._async_send(mode, n)
-                out.append(time.perf_counter() - t0)
-            return out
-
-        return await self._arun(body)
+def incr(ts: float = 0.0) -> None:
+    """Plain sync task for peers that import the callable by dotted path (RQ)."""
+    record(ts)

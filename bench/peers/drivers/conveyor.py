@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import conveyor
 
-from .common import QUEUE, Driver, Profile, record, redis_url
+from .base import Driver, Profile
+from .common import QUEUE, record, redis_url
 
 app = conveyor.Conveyor(redis_url())
 

@@ -12,7 +12,8 @@ import sys
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
-from .common import QUEUE, Driver, Profile, record, redis_url
+from .base import Driver, Profile
+from .common import QUEUE, record, redis_url
 
 broker = RedisBroker(url=redis_url())
 dramatiq.set_broker(broker)

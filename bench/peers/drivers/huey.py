@@ -11,7 +11,8 @@ import sys
 
 from huey import RedisHuey
 
-from .common import QUEUE, Driver, Profile, record, redis_url
+from .base import Driver, Profile
+from .common import QUEUE, record, redis_url
 
 huey = RedisHuey(QUEUE, url=redis_url())
 

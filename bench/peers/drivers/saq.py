@@ -13,7 +13,8 @@ from typing import Any
 
 from saq import Queue
 
-from .common import QUEUE, Driver, Profile, arecord, redis_url
+from .base import Driver, Profile
+from .common import QUEUE, arecord, redis_url
 
 
 async def incr(ctx: dict[str, Any], *, ts: float = 0.0) -> None:

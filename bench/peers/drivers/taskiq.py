@@ -14,7 +14,8 @@ import sys
 
 from taskiq_redis import RedisStreamBroker
 
-from .common import QUEUE, Driver, Profile, arecord, redis_url
+from .base import Driver, Profile
+from .common import QUEUE, arecord, redis_url
 
 broker = RedisStreamBroker(url=redis_url(), queue_name=QUEUE)
 
