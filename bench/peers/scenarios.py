@@ -182,7 +182,7 @@ class PeerBench:
         value = Value.median(rates, partial=partial)
         self.result.values[f"drain_{profile}"] = value
         self.log(
-            f"  [{self.h.spec.name}] drain {profile}: {value.number:,.0f}/s"
+            f"  [{self.h.spec.name}] drain {profile}: {value.number:,.0f}/s, {len(rates)} run(s)"
             + (" (partial: time cap)" if partial else "")
         )
 
