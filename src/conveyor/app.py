@@ -1,0 +1,269 @@
+"""The application object: settings, the task registry and the Redis clients."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import weakref
+from collections.abc import Callable, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+import redis
+import redis.asyncio
+
+from . import keys as keyspace
+from .encoding import DEFAULT_MAX_PAYLOAD, Codec, Format
+from .errors import ConfigurationError
+from .job import Job, JobInfo
+from .scripts import AsyncScriptRunner, ScriptRunner, calls
+from .task import Task
+
+if TYPE_CHECKING:
+    from .deadletters import DeadLetters
+    from .monitor import Monitor
+    from .schedule import Periodic
+    from .worker import Worker
+
+log = logging.getLogger("conveyor")
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+ENQUEUE_CHUNK = 2000  # jobs per script call; a bulk enqueue pipelines its chunks
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Conveyor:
+    """A conveyor application: where jobs are stored and which tasks exist.
+
+    :param url: Redis URL; default ``$CONVEYOR_REDIS_URL``, else ``redis://127.0.0.1:6379/0``
+    :param namespace: prefix of every key, so several applications can share a Redis
+    :param encoding: ``"json"`` (default) or ``"msgpack"`` for arguments and results
+    :param max_payload: largest encoded argument payload accepted, in bytes (default 1 MiB)
+    :param limits: retention, dead-letter cap and other bounds on Redis memory
+    :param alert_webhook: URL that receives a Slack-compatible message when jobs go dead
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        namespace: str = "conveyor",
+        encoding: Format = "json",
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        limits: calls.Limits | None = None,
+        alert_webhook: str | None = None,
+    ) -> None:
+        self.url = url or os.environ.get("CONVEYOR_REDIS_URL") or DEFAULT_URL
+        if not namespace or any(c in namespace for c in "{}"):
+            raise ConfigurationError(f"namespace must be non-empty without braces: {namespace!r}")
+        self.namespace = namespace
+        self.codec = Codec(encoding, max_payload)
+        self.limits = limits or calls.Limits()
+        self.alert_webhook = alert_webhook
+        self.tasks: dict[str, Task[Any, Any]] = {}
+        self.periodics: list[Periodic] = []
+        self.dead_hooks: list[Callable[[JobInfo], Any]] = []
+        self._async: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[redis.asyncio.Redis, AsyncScriptRunner]
+        ] = weakref.WeakKeyDictionary()
+        self._registered_queues: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"<Conveyor {self.url} namespace={self.namespace!r} tasks={len(self.tasks)}>"
+
+    # -- clients ---------------------------------------------------------------------------
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        """The synchronous client (thread-safe connection pool)."""
+        return redis.Redis.from_url(self.url)
+
+    @cached_property
+    def scripts(self) -> ScriptRunner:
+        return ScriptRunner(self.redis)
+
+    def _async_pair(self) -> tuple[redis.asyncio.Redis, AsyncScriptRunner]:
+        loop = asyncio.get_running_loop()
+        pair = self._async.get(loop)
+        if pair is None:
+            client = redis.asyncio.Redis.from_url(self.url)
+            pair = (client, AsyncScriptRunner(client))
+            self._async[loop] = pair
+        return pair
+
+    def aredis(self) -> redis.asyncio.Redis:
+        """The asyncio client of the running event loop (one per loop)."""
+        return self._async_pair()[0]
+
+    def ascripts(self) -> AsyncScriptRunner:
+        return self._async_pair()[1]
+
+    def close(self) -> None:
+        """Close the synchronous client's connections."""
+        if "redis" in self.__dict__:
+            self.redis.close()
+            del self.__dict__["redis"]
+            self.__dict__.pop("scripts", None)
+
+    async def aclose(self) -> None:
+        """Close the running loop's asyncio client."""
+        loop = asyncio.get_running_loop()
+        pair = self._async.pop(loop, None)
+        if pair is not None:
+            await pair[0].aclose()
+
+    def keys(self, queue: str) -> keyspace.QueueKeys:
+        return keyspace.queue_keys(self.namespace, queue)
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    @overload
+    def task(self, fn: F) -> Task[Any, Any]: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        retries: int = 3,
+        backoff: float = 1.0,
+        timeout: float | None = None,
+        visibility_timeout: float = 30.0,
+        idle_threshold: float = 300.0,
+    ) -> Callable[[F], Task[Any, Any]]: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        retries: int = 3,
+        backoff: float = 1.0,
+        timeout: float | None = None,
+        visibility_timeout: float = 30.0,
+        idle_threshold: float = 300.0,
+    ) -> Any:
+        """Register a function (sync or async) as a task.
+
+        :param name: task name stored with its jobs (default ``module.function``)
+        :param queue: queue its jobs go to
+        :param retries: runs allowed after the first before the job goes dead
+        :param backoff: base seconds of the exponential, jittered, capped retry delay
+        :param timeout: seconds a run may take; an async run is cancelled, a sync one is
+            abandoned and failed (a supervised worker process is replaced)
+        :param visibility_timeout: lease length in seconds; heartbeats keep it alive while
+            the job runs, so it only bounds how soon a dead worker's job runs again
+        :param idle_threshold: seconds without a finished job after which the type is idle
+        """
+
+        def register(func: Callable[..., Any]) -> Task[Any, Any]:
+            task_name = name or f"{func.__module__}.{func.__qualname__}"
+            existing = self.tasks.get(task_name)
+            if existing is not None and existing.fn is not func:
+                raise ConfigurationError(f"a task named {task_name!r} is already registered")
+            task: Task[Any, Any] = Task(
+                self, func, name=task_name, queue=queue, retries=retries, backoff=backoff,
+                timeout=timeout, visibility_timeout=visibility_timeout,
+                idle_threshold=idle_threshold,
+            )
+            self.tasks[task_name] = task
+            return task
+
+        return register(fn) if fn is not None else register
+
+    def periodic(
+        self, cron: str, *, queue: str = "default", name: str | None = None, **task_options: Any
+    ) -> Callable[[F], Task[Any, Any]]:
+        """Register a task that fires on a cron schedule (UTC), once per tick across workers.
+
+        :param cron: five fields (minute precision) or six (the first is seconds)
+        :param queue: queue the fired jobs go to
+        :param name: task name (default ``module.function``)
+        """
+        from .schedule import Periodic
+
+        def register(func: F) -> Task[Any, Any]:
+            task = self.task(func, name=name, queue=queue, **task_options)
+            self.periodics.append(Periodic(task=task, cron=cron))
+            return task
+
+        return register
+
+    def queues(self) -> list[str]:
+        """Every queue the app's tasks and periodic jobs name, sorted."""
+        return sorted({t.queue for t in self.tasks.values()})
+
+    def job(self, id: str) -> Job:
+        """A handle on the job with this id (no Redis call is made)."""
+        return Job(self, id)
+
+    def dead_letters(self, queue: str = "default") -> DeadLetters:
+        """The dead-letter set of ``queue``: list, inspect, requeue, purge."""
+        from .deadletters import DeadLetters
+
+        return DeadLetters(self, queue)
+
+    def on_dead(self, callback: Callable[[JobInfo], Any]) -> Callable[[JobInfo], Any]:
+        """Call ``callback(JobInfo)`` in the worker process whenever a job goes dead."""
+        self.dead_hooks.append(callback)
+        return callback
+
+    @cached_property
+    def monitor(self) -> Monitor:
+        """Read-only views: active and idle task types, stats, scaling advice."""
+        from .monitor import Monitor
+
+        return Monitor(self)
+
+    def worker(
+        self, queues: Sequence[str] | None = None, concurrency: int = 32, **options: Any
+    ) -> Worker:
+        """A worker consuming ``queues`` (default: every queue the app's tasks name)."""
+        from .worker import Worker
+
+        return Worker(self, queues=queues, concurrency=concurrency, **options)
+
+    # -- storing jobs ----------------------------------------------------------------------
+
+    def _chunks(self, queue: str, jobs: Sequence[calls.NewJob]) -> list[Any]:
+        k = self.keys(queue)
+        return [
+            calls.enqueue(k, jobs[i : i + ENQUEUE_CHUNK], self.limits)
+            for i in range(0, len(jobs), ENQUEUE_CHUNK)
+        ]
+
+    def store(self, queue: str, jobs: Sequence[calls.NewJob]) -> list[tuple[str, bool]]:
+        """Store encoded jobs in one round trip; (short id, created) for each."""
+        chunks = self._chunks(queue, jobs)
+        if len(chunks) == 1 and queue in self._registered_queues:
+            return self.scripts.run(chunks[0])
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(keyspace.queues_key(self.namespace), queue)
+            for call in chunks:
+                self.scripts.queue(call, pipe)
+            replies = pipe.execute()
+        self._registered_queues.add(queue)
+        return [pair for call, reply in zip(chunks, replies[1:], strict=True)
+                for pair in call.parse(reply)]
+
+    async def astore(self, queue: str, jobs: Sequence[calls.NewJob]) -> list[tuple[str, bool]]:
+        """Async twin of :meth:`store`."""
+        client, runner = self._async_pair()
+        chunks = self._chunks(queue, jobs)
+        if len(chunks) == 1 and queue in self._registered_queues:
+            return await runner.run(chunks[0])
+        if queue not in self._registered_queues:
+            await client.sadd(keyspace.queues_key(self.namespace), queue)
+            self._registered_queues.add(queue)
+        out: list[tuple[str, bool]] = []
+        for call in chunks:
+            out.extend(await runner.run(call))
+        return out
+
+    def known_queues(self) -> list[str]:
+        """Every queue that has ever received a job in this namespace, sorted."""
+        names = self.redis.smembers(keyspace.queues_key(self.namespace))
+        return sorted({n.decode() for n in names} | set(self.queues()))

@@ -1,0 +1,13 @@
+"""The ``conveyor`` command line: thin commands over the public API.
+
+Each command group lives in its own module and registers itself on :data:`main` here.
+"""
+
+from __future__ import annotations
+
+from . import demo as _demo  # noqa: F401  (registers commands)
+from . import inspect as _inspect  # noqa: F401
+from . import worker as _worker  # noqa: F401
+from .base import main
+
+__all__ = ["main"]

@@ -1,0 +1,71 @@
+"""The command group, and how commands find the application they work on."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ..app import Conveyor
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="conveyor")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def main(verbose: int) -> None:
+    """conveyor: a reliable, fair, precisely scheduled task queue on Redis.
+
+    Commands that read or change queues find Redis through --app MODULE:APP, else --url,
+    else $CONVEYOR_REDIS_URL, else redis://127.0.0.1:6379/0.
+    """
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(level=max(logging.DEBUG, level),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def load_app(spec: str) -> Conveyor:
+    """Import ``MODULE:APP`` (the current directory is importable) and return the app.
+
+    :raises click.BadParameter: the module or the attribute is missing, or is not an app
+    """
+    module_name, _, attr = spec.partition(":")
+    if not module_name:
+        raise click.BadParameter(f"expected MODULE:APP, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import {module_name!r}: {exc}") from exc
+    candidates = [attr] if attr else ["app", "conveyor"]
+    for name in candidates:
+        value = getattr(module, name, None)
+        if isinstance(value, Conveyor):
+            return value
+    raise click.BadParameter(
+        f"{module_name!r} has no conveyor.Conveyor named {' or '.join(candidates)!r}"
+    )
+
+
+def app_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Add --app / --url / --namespace and pass a ready ``app`` to the command."""
+
+    @click.option("-a", "--app", "app_spec", metavar="MODULE:APP", envvar="CONVEYOR_APP",
+                  help="Application to load (gives task names, queues and thresholds).")
+    @click.option("--url", envvar="CONVEYOR_REDIS_URL", help="Redis URL (without --app).")
+    @click.option("--namespace", default="conveyor", show_default=True,
+                  help="Key namespace (without --app).")
+    @click.pass_context
+    def wrapper(ctx: click.Context, app_spec: str | None, url: str | None, namespace: str,
+                **kwargs: Any) -> Any:
+        app = load_app(app_spec) if app_spec else Conveyor(url, namespace=namespace)
+        return ctx.invoke(func, app=app, **kwargs)
+
+    wrapper.__doc__ = func.__doc__
+    wrapper.__name__ = func.__name__
+    return wrapper

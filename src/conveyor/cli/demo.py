@@ -1,0 +1,166 @@
+"""``conveyor demo``: the main job, end to end, on a fresh machine."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+import click
+import redis
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .base import main
+
+console = Console()
+TENANTS = {"acme": 40, "globex": 25, "initech": 20, "umbrella": 10, "hooli": 5}
+
+
+def _answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except redis.exceptions.RedisError:
+        return False
+
+
+@contextlib.contextmanager
+def redis_for_demo() -> Iterator[str]:
+    """$CONVEYOR_REDIS_URL, else a local Redis on 6379, else a private server for the demo."""
+    url = os.environ.get("CONVEYOR_REDIS_URL")
+    if url:
+        yield url
+        return
+    if _answers("redis://127.0.0.1:6379/0"):
+        yield "redis://127.0.0.1:6379/0"
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise click.ClickException(
+            "no Redis answers on 127.0.0.1:6379 and redis-server is not installed.\n"
+            "Install it (Debian/Ubuntu: sudo apt-get install -y redis-server; macOS: brew"
+            " install redis) or set CONVEYOR_REDIS_URL."
+        )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    folder = tempfile.mkdtemp(prefix="conveyor-demo-")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", folder, "--save", "",
+         "--appendonly", "yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 10
+        while not _answers(url):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise click.ClickException("the private redis-server did not start")
+            time.sleep(0.05)
+        console.print(f"[dim]started a private redis-server on port {port}[/dim]")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 \
+        else values[0]
+
+
+@main.command()
+@click.option("-c", "--concurrency", default=32, show_default=True)
+@click.option("--scale", default=1, show_default=True, help="Multiply the number of batches.")
+def demo(concurrency: int, scale: int) -> None:
+    """Send a newsletter for five tenants through conveyor and report how it went.
+
+    Uses $CONVEYOR_REDIS_URL, else Redis on 127.0.0.1:6379, else starts a private
+    redis-server for the run. Some batches fail and are retried; two always fail and end in
+    the dead letters; some are scheduled for later; urgent emails jump the queue.
+    """
+    os.environ.setdefault("CONVEYOR_DEMO_NAMESPACE", f"conveyor-demo-{os.getpid()}")
+    with redis_for_demo() as url:
+        os.environ["CONVEYOR_REDIS_URL"] = url
+        from .. import demo as demo_app
+
+        demo_app.app.url = url
+        _run(demo_app, concurrency, scale)
+
+
+def _run(d: object, concurrency: int, scale: int) -> None:
+    from .. import demo as demo_app
+
+    app = demo_app.app
+    jobs = []
+    started = time.monotonic()
+    for tenant, batches in TENANTS.items():
+        n = batches * scale
+        jobs += demo_app.send_batch.options(tenant=tenant).enqueue_many(
+            [(tenant, b, 100 + (b * 37) % 400) for b in range(n)])
+        jobs += demo_app.send_batch.options(tenant=tenant, delay=1.5).enqueue_many(
+            [(tenant, 1000 + b, 50) for b in range(max(1, n // 10))])
+    jobs += demo_app.send_transactional.options(priority=9).enqueue_many(
+        [(uid, "password-reset") for uid in range(20)])
+    console.print(f"enqueued [bold]{len(jobs)}[/bold] jobs for {len(TENANTS)} tenants"
+                  " (some delayed by 1.5 s, 20 urgent at priority 9)")
+    worker = app.worker(queues=["newsletter"], concurrency=concurrency)
+    thread = threading.Thread(target=worker.run, kwargs={"burst": False}, daemon=True)
+    thread.start()
+    k = app.keys("newsletter")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                  console=console) as progress:
+        bar = progress.add_task("jobs finished", total=len(jobs), detail="")
+        while True:
+            with app.redis.pipeline(transaction=False) as pipe:
+                pipe.hget(k.counts, "ready").zcard(k.delayed).zcard(k.leases).zcard(k.dead)
+                ready, scheduled, active, dead = pipe.execute()
+            left = int(ready or 0) + scheduled + active
+            progress.update(bar, completed=len(jobs) - left,
+                            detail=f"ready {int(ready or 0)} · scheduled {scheduled} · "
+                                   f"active {active} · dead {dead}")
+            if left == 0:
+                break
+            time.sleep(0.1)
+    elapsed = time.monotonic() - started
+    worker.stop()
+    thread.join(30)
+    _summary(app, jobs, elapsed)
+
+
+def _summary(app: object, jobs: list, elapsed: float) -> None:  # type: ignore[type-arg]
+    from .. import demo as demo_app
+
+    infos = [j.info() for j in jobs]
+    ok = [i for i in infos if i.state.value == "succeeded"]
+    waits = [i.wait_time for i in ok if i.wait_time is not None]
+    runs = [i.run_time for i in ok if i.run_time is not None]
+    retried = sum(1 for i in infos if i.attempts > 1)
+    table = Table(title="conveyor demo", show_header=False)
+    table.add_row("jobs", str(len(infos)))
+    table.add_row("succeeded", str(len(ok)))
+    table.add_row("retried (succeeded later or dead)", str(retried))
+    table.add_row("throughput", f"{len(infos) / elapsed:.0f} jobs/s over {elapsed:.2f} s")
+    for label, values in (("wait", waits), ("run", runs)):
+        table.add_row(f"{label} p50 / p95 / p99", " / ".join(
+            f"{_pct(values, q) * 1000:.1f} ms" for q in (50, 95, 99)))
+    console.print(table)
+    dead = demo_app.app.dead_letters("newsletter").list(limit=10)
+    dead_table = Table("job", "tenant", "attempts", "reason", title=f"dead letters ({len(dead)})")
+    for d in dead:
+        dead_table.add_row(d.id, d.tenant or "", str(d.attempts), (d.error or "").splitlines()[0])
+    console.print(dead_table)
+    urgent = [i for i in infos if i.priority == 9 and i.wait_time is not None]
+    if urgent:
+        console.print(f"urgent emails waited at most {max(i.wait_time for i in urgent) * 1000:.1f}"
+                      " ms behind the newsletter backlog (priority 9)")

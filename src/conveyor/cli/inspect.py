@@ -1,0 +1,125 @@
+"""Read and repair commands: ``conveyor job``, ``conveyor dead``, ``conveyor info``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..app import Conveyor
+from ..errors import JobNotFound
+from ..job import JobInfo
+from .base import app_options, main
+
+console = Console()
+
+
+def when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def info_dict(info: JobInfo) -> dict[str, Any]:
+    out = {f: getattr(info, f) for f in info.__dataclass_fields__}
+    out["state"] = info.state.value
+    return out
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
+@app_options
+def job(app: Conveyor, job_id: str, as_json: bool) -> None:
+    """Show the record of job JOB_ID: state, attempts, timings, error, result."""
+    try:
+        info = app.job(job_id).info()
+    except (JobNotFound, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(info_dict(info), default=str, indent=2))
+        return
+    table = Table(show_header=False, box=None)
+    for name in ("id", "task", "queue", "tenant", "priority", "state"):
+        table.add_row(name, str(getattr(info, name) if name != "state" else info.state.value))
+    table.add_row("attempts", f"{info.attempts} of {info.max_attempts}")
+    for name in ("enqueued_at", "run_at", "started_at", "finished_at"):
+        table.add_row(name, when(getattr(info, name)))
+    table.add_row("wait_time", seconds(info.wait_time))
+    table.add_row("run_time", seconds(info.run_time))
+    if info.error:
+        table.add_row("error", info.error)
+    if info.result is not None:
+        table.add_row("result", repr(info.result))
+    console.print(table)
+
+
+@main.group()
+def dead() -> None:
+    """Inspect, requeue and purge dead letters."""
+
+
+@dead.command("list")
+@click.argument("queue")
+@click.option("-n", "--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@app_options
+def dead_list(app: Conveyor, queue: str, limit: int, as_json: bool) -> None:
+    """List the dead jobs of QUEUE, oldest first, with their errors."""
+    infos = app.dead_letters(queue).list(limit=limit)
+    if as_json:
+        click.echo(json.dumps([info_dict(i) for i in infos], default=str, indent=2))
+        return
+    table = Table("id", "task", "tenant", "attempts", "died", "error", title=f"dead in {queue}")
+    for i in infos:
+        first_line = (i.error or "").splitlines()[0] if i.error else ""
+        table.add_row(i.id, i.task, i.tenant or "", str(i.attempts), when(i.finished_at),
+                      first_line[:80])
+    console.print(table)
+
+
+@dead.command("requeue")
+@click.argument("queue")
+@click.option("--id", "job_id", help="Requeue only this job (default: all).")
+@app_options
+def dead_requeue(app: Conveyor, queue: str, job_id: str | None) -> None:
+    """Give dead jobs of QUEUE fresh attempts."""
+    n = app.dead_letters(queue).requeue(job_id)
+    click.echo(f"requeued {n} job(s) from {queue}")
+
+
+@dead.command("purge")
+@click.argument("queue")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@app_options
+def dead_purge(app: Conveyor, queue: str, yes: bool) -> None:
+    """Delete every dead job of QUEUE."""
+    if not yes:
+        click.confirm(f"delete all dead jobs of {queue}?", abort=True)
+    n = app.dead_letters(queue).purge()
+    click.echo(f"purged {n} job(s) from {queue}")
+
+
+@main.command()
+@app_options
+def info(app: Conveyor) -> None:
+    """Queues with their backlog (ready, scheduled, active, dead)."""
+    table = Table("queue", "ready", "scheduled", "active", "dead", "paused")
+    r = app.redis
+    for queue in app.known_queues():
+        k = app.keys(queue)
+        with r.pipeline(transaction=False) as pipe:
+            pipe.hget(k.counts, "ready").zcard(k.delayed).zcard(k.leases).zcard(k.dead)
+            pipe.exists(k.paused)
+            ready, scheduled, active, dead_n, paused = pipe.execute()
+        table.add_row(queue, str(int(ready or 0)), str(scheduled), str(active), str(dead_n),
+                      "yes" if paused else "")
+    console.print(table)

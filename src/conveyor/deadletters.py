@@ -1,0 +1,62 @@
+"""The dead-letter set of a queue: jobs whose attempts are spent, kept for inspection."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import keys as keyspace
+from .job import JobInfo
+from .scripts import calls
+
+if TYPE_CHECKING:
+    from .app import Conveyor
+
+BATCH = 1000
+
+
+class DeadLetters:
+    """List, inspect, requeue and purge the dead jobs of one queue (oldest first)."""
+
+    def __init__(self, app: Conveyor, queue: str) -> None:
+        self.app = app
+        self.queue = queue
+        self._keys = app.keys(queue)
+
+    def __len__(self) -> int:
+        return int(self.app.redis.zcard(self._keys.dead))
+
+    def list(self, limit: int = 100, offset: int = 0) -> list[JobInfo]:
+        """Up to ``limit`` dead jobs, oldest first, with their errors."""
+        raw = self.app.redis.zrange(self._keys.dead, offset, offset + limit - 1)
+        ids = [i.decode() for i in raw]
+        with self.app.redis.pipeline(transaction=False) as pipe:
+            for short in ids:
+                pipe.hgetall(self._keys.job(short))
+            records = pipe.execute()
+        return [
+            JobInfo.from_record(self.app, self.queue, short, record)
+            for short, record in zip(ids, records, strict=True)
+            if record
+        ]
+
+    def requeue(self, job_id: str | None = None) -> int:
+        """Give dead jobs fresh attempts; one by id, or all when ``job_id`` is None.
+
+        :returns: the number of jobs requeued
+        """
+        if job_id is not None:
+            queue, short = keyspace.split_job_id(job_id)
+            if queue != self.queue:
+                raise ValueError(f"job {job_id} belongs to queue {queue!r}, not {self.queue!r}")
+            return self.app.scripts.run(calls.requeue_dead(self._keys, [short]))
+        total = 0
+        while n := self.app.scripts.run(calls.requeue_dead(self._keys, [], BATCH)):
+            total += n
+        return total
+
+    def purge(self) -> int:
+        """Delete every dead job of the queue; the number removed."""
+        total = 0
+        while n := self.app.scripts.run(calls.purge_dead(self._keys, BATCH)):
+            total += n
+        return total

@@ -1,0 +1,206 @@
+"""Job handles (:class:`Job`) and what a job record says (:class:`JobInfo`)."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import keys as keyspace
+from .errors import EncodingError, JobCancelled, JobFailed, JobNotFound, ResultTimeout
+from .scripts import calls
+
+if TYPE_CHECKING:
+    from .app import Conveyor
+
+
+class JobState(str, enum.Enum):
+    """Where a job is in its life. ``succeeded``, ``dead`` and ``cancelled`` are final."""
+
+    SCHEDULED = "scheduled"
+    READY = "ready"
+    ACTIVE = "active"
+    SUCCEEDED = "succeeded"
+    RETRYING = "retrying"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _time(value: Any) -> float | None:
+    text = _text(value)
+    return float(text) if text else None
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """A snapshot of a job record. Times are epoch seconds from the Redis server's clock.
+
+    ``wait_time`` is ``started_at - max(enqueued_at, run_at)`` (time spent prefetched counts
+    as waiting); ``run_time`` is ``finished_at - started_at``; ``attempts`` counts runs
+    started, including runs lost with a dead worker.
+    """
+
+    id: str
+    task: str
+    queue: str
+    tenant: str | None
+    priority: int
+    state: JobState
+    attempts: int
+    max_attempts: int
+    enqueued_at: float | None
+    run_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    wait_time: float | None
+    run_time: float | None
+    error: str | None
+    result: Any
+
+    @classmethod
+    def from_record(
+        cls, app: Conveyor, queue: str, short_id: str, record: Mapping[bytes, bytes]
+    ) -> JobInfo:
+        """Build from a job hash as HGETALL returns it."""
+        get = record.get
+        enqueued_at, run_at = _time(get(b"enqueued_at")), _time(get(b"run_at"))
+        started_at, finished_at = _time(get(b"started_at")), _time(get(b"finished_at"))
+        state = JobState(_text(get(b"state")) or "ready")
+        wait_time = run_time = None
+        if started_at is not None and enqueued_at is not None:
+            wait_time = max(0.0, started_at - max(enqueued_at, run_at or enqueued_at))
+        if started_at is not None and finished_at is not None and state != JobState.ACTIVE:
+            run_time = max(0.0, finished_at - started_at)
+        result: Any = None
+        if state == JobState.SUCCEEDED:
+            try:
+                result = app.codec.decode_result(get(b"result"))
+            except EncodingError as exc:
+                result = f"<undecodable result: {exc}>"
+        return cls(
+            id=keyspace.job_id(queue, short_id),
+            task=_text(get(b"task")) or "",
+            queue=queue,
+            tenant=_text(get(b"tenant")) or None,
+            priority=int(_text(get(b"priority")) or 5),
+            state=state,
+            attempts=int(_text(get(b"attempts")) or 0),
+            max_attempts=int(_text(get(b"max_attempts")) or 1),
+            enqueued_at=enqueued_at,
+            run_at=run_at,
+            started_at=started_at,
+            finished_at=finished_at,
+            wait_time=wait_time,
+            run_time=run_time,
+            error=_text(get(b"error")) or None,
+            result=result,
+        )
+
+
+class Job:
+    """A handle on a stored job. Cheap to create; every method reads Redis afresh.
+
+    :param app: the application the job belongs to
+    :param id: the public job id, ``"<queue>~<short id>"``
+    """
+
+    __slots__ = ("_app", "id", "queue", "short_id")
+
+    def __init__(self, app: Conveyor, id: str) -> None:
+        self._app = app
+        self.id = id
+        self.queue, self.short_id = keyspace.split_job_id(id)
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Job) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    @property
+    def _keys(self) -> keyspace.QueueKeys:
+        return self._app.keys(self.queue)
+
+    def _info(self, record: Mapping[bytes, bytes]) -> JobInfo:
+        if not record:
+            raise JobNotFound(f"no job {self.id} (it never existed, or its record expired)")
+        return JobInfo.from_record(self._app, self.queue, self.short_id, record)
+
+    def info(self) -> JobInfo:
+        """The job's record now.
+
+        :raises JobNotFound: no record (never existed, or expired after its retention)
+        """
+        return self._info(self._app.redis.hgetall(self._keys.job(self.short_id)))
+
+    async def ainfo(self) -> JobInfo:
+        """Async twin of :meth:`info`."""
+        return self._info(await self._app.aredis().hgetall(self._keys.job(self.short_id)))
+
+    def cancel(self) -> bool:
+        """Cancel the job if it has not started; ``True`` if it was cancelled."""
+        call = calls.cancel(self._keys, self.short_id, self._app.limits)
+        return self._app.scripts.run(call) in ("scheduled", "retrying", "ready")
+
+    async def acancel(self) -> bool:
+        """Async twin of :meth:`cancel`."""
+        call = calls.cancel(self._keys, self.short_id, self._app.limits)
+        return await self._app.ascripts().run(call) in ("scheduled", "retrying", "ready")
+
+    def _outcome(self, info: JobInfo) -> tuple[bool, Any]:
+        if info.state == JobState.SUCCEEDED:
+            return True, info.result
+        if info.state == JobState.DEAD:
+            raise JobFailed(self.id, info.error)
+        if info.state == JobState.CANCELLED:
+            raise JobCancelled(self.id)
+        return False, None
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the job to finish and return its result.
+
+        :param timeout: seconds to wait at most; ``None`` waits for ever
+        :raises JobFailed: the job is dead
+        :raises JobCancelled: the job was cancelled
+        :raises ResultTimeout: the job did not finish in time
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.002
+        while True:
+            done, value = self._outcome(self.info())
+            if done:
+                return value
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"job {self.id} did not finish within {timeout} s")
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 1.5, 0.1)
+
+    async def aresult(self, timeout: float | None = None) -> Any:
+        """Async twin of :meth:`result`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.002
+        while True:
+            done, value = self._outcome(await self.ainfo())
+            if done:
+                return value
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"job {self.id} did not finish within {timeout} s")
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, 0.1)

@@ -1,0 +1,106 @@
+"""The only place where Redis key names are formatted.
+
+Every key of a queue starts with the queue's hash tag ``{<namespace>:<queue>}``, so all of
+them live in one Redis Cluster slot and every Lua script touches a single slot. Scripts
+receive these names through KEYS; where a script must derive a key (a tenant's ready
+list, a job record), it is given a prefix from here and appends only an id to it.
+
+Keys that span queues (the set of known queues, the worker registry) carry no hash tag
+and are never touched by scripts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+JOB_ID_SEPARATOR = "~"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """Key names of one queue; attribute names match the KEYS names in script headers."""
+
+    queue: str
+    tag: str
+    job_prefix: str  # + short id -> hash: the job record
+    ready_prefix: str  # + "<priority>:<tenant>" -> list of short ids, FIFO
+    ring_prefix: str  # + "<priority>" -> list of tenants with ready jobs (round robin)
+    priorities: str  # zset of priorities that have ready jobs
+    delayed: str  # zset short id -> due time (ms)
+    leases: str  # zset short id -> lease deadline (ms)
+    dead: str  # zset short id -> time it died (ms)
+    wake: str  # list holding at most one marker: "there may be work"
+    counts: str  # hash: ready (jobs waiting in ready lists)
+    active: str  # hash task -> jobs leased now
+    idle: str  # hash task -> when a job of that task last finished (epoch s)
+    seq: str  # counter for fencing tokens
+    dedupe_prefix: str  # + user key -> short id of the unfinished job holding the key
+    events: str  # capped stream of finished jobs, read by the analytics sink
+    paused: str  # exists while the queue is paused
+    metrics_prefix: str  # + bucket start (s) -> hash of counters and histograms
+    schedule_prefix: str  # + periodic name -> last fired tick (periodic jobs)
+
+    def job(self, short_id: str) -> str:
+        return self.job_prefix + short_id
+
+    def metrics(self, bucket: int) -> str:
+        return f"{self.metrics_prefix}{bucket}"
+
+
+@cache
+def queue_keys(namespace: str, queue: str) -> QueueKeys:
+    """Key names of ``queue`` in ``namespace`` (cached: queues are few, calls are many)."""
+    tag = "{" + f"{namespace}:{queue}" + "}"
+    return QueueKeys(
+        queue=queue,
+        tag=tag,
+        job_prefix=f"{tag}:job:",
+        ready_prefix=f"{tag}:ready:",
+        ring_prefix=f"{tag}:ring:",
+        priorities=f"{tag}:priorities",
+        delayed=f"{tag}:delayed",
+        leases=f"{tag}:leases",
+        dead=f"{tag}:dead",
+        wake=f"{tag}:wake",
+        counts=f"{tag}:counts",
+        active=f"{tag}:active",
+        idle=f"{tag}:idle",
+        seq=f"{tag}:seq",
+        dedupe_prefix=f"{tag}:key:",
+        events=f"{tag}:events",
+        paused=f"{tag}:paused",
+        metrics_prefix=f"{tag}:m:",
+        schedule_prefix=f"{tag}:schedule:",
+    )
+
+
+def queues_key(namespace: str) -> str:
+    """Set of every queue that has seen a job (kept outside scripts)."""
+    return f"{namespace}:queues"
+
+
+def workers_key(namespace: str) -> str:
+    """Sorted set of live workers, scored by their last heartbeat (ms)."""
+    return f"{namespace}:workers"
+
+
+def worker_key(namespace: str, worker_id: str) -> str:
+    """Hash describing one live worker; expires when it stops heartbeating."""
+    return f"{namespace}:worker:{worker_id}"
+
+
+def job_id(queue: str, short_id: str) -> str:
+    """Public job id: the queue travels inside it so a job is found by id in O(1)."""
+    return f"{queue}{JOB_ID_SEPARATOR}{short_id}"
+
+
+def split_job_id(public_id: str) -> tuple[str, str]:
+    """Split a public job id into (queue, short id).
+
+    :raises ValueError: the id does not name a queue
+    """
+    queue, sep, short = public_id.rpartition(JOB_ID_SEPARATOR)
+    if not sep or not queue or not short:
+        raise ValueError(f"not a conveyor job id: {public_id!r} (expected '<queue>~<id>')")
+    return queue, short

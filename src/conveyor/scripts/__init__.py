@@ -1,0 +1,97 @@
+"""Lua scripts: one atomic operation per ``.lua`` file, loaded once, called by SHA.
+
+A script may pull shared helpers from ``include/`` with a line ``--@include <name>``; the
+loader inlines them so that Redis receives one self-contained script. Calls are built as
+:class:`ScriptCall` values (what to send, see :mod:`conveyor.scripts.calls`) and executed
+by :class:`ScriptRunner` on a sync, async or pipeline client (how to send it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any, Generic, TypeVar
+
+from redis.asyncio import Redis as AsyncRedis
+from redis.commands.core import AsyncScript, Script
+
+T = TypeVar("T")
+Arg = str | bytes | int | float
+_INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.MULTILINE)
+SCRIPT_NAMES = (
+    "enqueue",
+    "fetch",
+    "finish",
+    "heartbeat",
+    "release",
+    "cancel",
+    "requeue_dead",
+    "purge_dead",
+)
+
+
+@cache
+def source(name: str) -> str:
+    """The full text of script ``name`` with its includes inlined.
+
+    :raises FileNotFoundError: no such script or include
+    """
+    root = resources.files(__package__)
+    text = (root / f"{name}.lua").read_text(encoding="utf-8")
+    if not text.startswith("#!lua"):
+        raise ValueError(f"script {name}.lua must start with a '#!lua' shebang")
+
+    def inline(match: re.Match[str]) -> str:
+        return (root / "include" / f"{match.group(1)}.lua").read_text(encoding="utf-8")
+
+    return _INCLUDE.sub(inline, text)
+
+
+def _identity(reply: Any) -> Any:
+    return reply
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall(Generic[T]):
+    """One invocation of a script: its name, KEYS, ARGV and how to read its reply."""
+
+    name: str
+    keys: Sequence[str]
+    args: Sequence[Arg]
+    parse: Callable[[Any], T] = field(default=_identity)
+
+
+class ScriptRunner:
+    """Runs :class:`ScriptCall` values through redis-py's ``Script`` (EVALSHA, reloading
+    the script when the server answers NOSCRIPT, e.g. after a restart or SCRIPT FLUSH)."""
+
+    def __init__(self, client: Any) -> None:
+        self._scripts = {name: Script(client, source(name)) for name in SCRIPT_NAMES}
+
+    def run(self, call: ScriptCall[T], client: Any = None) -> T:
+        """Execute ``call`` on ``client`` (default: the client this runner was made with).
+
+        On a pipeline, the reply arrives with the pipeline's results: parse it there.
+        """
+        reply = self._scripts[call.name](keys=list(call.keys), args=list(call.args), client=client)
+        return call.parse(reply)
+
+    def queue(self, call: ScriptCall[Any], pipeline: Any) -> None:
+        """Add ``call`` to ``pipeline``; its raw reply appears in ``pipeline.execute()``."""
+        self._scripts[call.name](keys=list(call.keys), args=list(call.args), client=pipeline)
+
+
+class AsyncScriptRunner:
+    """The asyncio twin of :class:`ScriptRunner`."""
+
+    def __init__(self, client: AsyncRedis) -> None:
+        self._scripts = {name: AsyncScript(client, source(name)) for name in SCRIPT_NAMES}
+
+    async def run(self, call: ScriptCall[T], client: Any = None) -> T:
+        reply = await self._scripts[call.name](
+            keys=list(call.keys), args=list(call.args), client=client
+        )
+        return call.parse(reply)

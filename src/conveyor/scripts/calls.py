@@ -1,0 +1,242 @@
+"""Typed wrappers: one function per script, building the :class:`ScriptCall` to send.
+
+``KEYS`` and ``ARGV`` below name each script's KEYS and fixed ARGV entries in the order of
+the script's header (a test checks them against the ``.lua`` files). Callers pass a
+:class:`~conveyor.keys.QueueKeys` and typed values; they never build key lists by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..keys import QueueKeys
+from . import Arg, ScriptCall
+
+KEYS: dict[str, tuple[str, ...]] = {
+    "enqueue": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "counts",
+                "dedupe_prefix", "wake", "metrics_prefix"),
+    "fetch": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "leases",
+              "dead", "counts", "active", "seq", "dedupe_prefix", "events", "metrics_prefix",
+              "wake", "paused"),
+    "finish": ("job_prefix", "leases", "delayed", "dead", "active", "idle", "dedupe_prefix",
+               "events", "metrics_prefix", "wake"),
+    "heartbeat": ("job_prefix", "leases"),
+    "release": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "leases", "counts",
+                "active", "wake"),
+    "cancel": ("job_prefix", "delayed", "counts", "dedupe_prefix"),
+    "requeue_dead": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "dead",
+                     "counts", "wake"),
+    "purge_dead": ("job_prefix", "dead"),
+}
+ARGV: dict[str, tuple[str, ...]] = {
+    "enqueue": ("now", "bucket_seconds", "bucket_ttl", "count"),
+    "fetch": ("now", "count", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl"),
+    "finish": ("now", "retention", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
+               "count"),
+    "heartbeat": ("now", "count"),
+    "release": ("count",),
+    "cancel": ("now", "retention", "id"),
+    "requeue_dead": ("limit",),
+    "purge_dead": ("limit",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds that keep Redis memory flat; set on :class:`~conveyor.Conveyor`."""
+
+    retention: int = 86_400  # seconds a finished job record and its result are kept
+    dead_cap: int = 100_000  # most dead letters kept per queue
+    events_maxlen: int = 100_000  # approximate cap of a queue's events stream
+    bucket_seconds: int = 10  # width of a metric bucket
+    bucket_ttl: int = 86_400  # lifetime of a metric bucket: the longest stats window
+
+
+def _call(name: str, k: QueueKeys, args: Sequence[Arg], parse: Any = None) -> ScriptCall[Any]:
+    keys = tuple(getattr(k, attr) for attr in KEYS[name])
+    if parse is None:
+        return ScriptCall(name, keys, args)
+    return ScriptCall(name, keys, args, parse)
+
+
+def _now(now: float | None) -> Arg:
+    return "" if now is None else repr(float(now))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """One job to store, as the enqueue script takes it."""
+
+    short_id: str
+    task: str
+    args: bytes
+    priority: int = 5
+    tenant: str = ""
+    delay_ms: float | None = None
+    at_ms: float | None = None
+    max_attempts: int = 4
+    key: str = ""
+    visibility_ms: int = 30_000
+
+    def fields(self) -> tuple[Arg, ...]:
+        return (
+            self.short_id, self.task, self.args, self.priority, self.tenant,
+            "" if self.delay_ms is None else repr(float(self.delay_ms)),
+            "" if self.at_ms is None else repr(float(self.at_ms)),
+            self.max_attempts, self.key, self.visibility_ms,
+        )
+
+
+def _parse_enqueue(reply: list[Any]) -> list[tuple[str, bool]]:
+    return [(_text(reply[i]), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+def enqueue(
+    k: QueueKeys, jobs: Sequence[NewJob], limits: Limits, now: float | None = None
+) -> ScriptCall[list[tuple[str, bool]]]:
+    """Store ``jobs``; the reply pairs each with (short id, created)."""
+    args: list[Arg] = [_now(now), limits.bucket_seconds, limits.bucket_ttl, len(jobs)]
+    for job in jobs:
+        args.extend(job.fields())
+    return _call("enqueue", k, args, _parse_enqueue)
+
+
+@dataclass(frozen=True, slots=True)
+class Leased:
+    """A job leased to a worker by ``fetch``."""
+
+    short_id: str
+    token: str
+    task: str
+    args: bytes
+    attempts: int
+    max_attempts: int
+    enqueued_at: float
+    run_at: float
+    visibility_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """The reply of ``fetch``: server time, next due time, jobs lost to dead workers, leases."""
+
+    now_ms: float
+    next_due_ms: float | None
+    dead: list[str]
+    jobs: list[Leased]
+
+
+def _float(value: Any, default: float = 0.0) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _parse_fetch(reply: list[Any]) -> Fetched:
+    now, next_due, dead, flat = reply
+    jobs = [
+        Leased(
+            short_id=_text(flat[i]), token=_text(flat[i + 1]), task=_text(flat[i + 2]),
+            args=flat[i + 3] if isinstance(flat[i + 3], bytes) else str(flat[i + 3]).encode(),
+            attempts=int(flat[i + 4]), max_attempts=int(flat[i + 5]),
+            enqueued_at=_float(flat[i + 6]), run_at=_float(flat[i + 7]),
+            visibility_ms=int(flat[i + 8]),
+        )
+        for i in range(0, len(flat), 9)
+    ]
+    return Fetched(
+        now_ms=float(now),
+        next_due_ms=float(next_due) if next_due not in (b"", "") else None,
+        dead=[_text(d) for d in dead],
+        jobs=jobs,
+    )
+
+
+def fetch(
+    k: QueueKeys, count: int, limits: Limits, now: float | None = None
+) -> ScriptCall[Fetched]:
+    """Lease up to ``count`` jobs (after promotion and lease reclaim)."""
+    args: list[Arg] = [_now(now), count, limits.dead_cap, limits.events_maxlen,
+                       limits.bucket_seconds, limits.bucket_ttl]
+    return _call("fetch", k, args, _parse_fetch)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The result of one attempt, as ``finish`` records it."""
+
+    short_id: str
+    token: str
+    outcome: str  # 'ok' | 'retry' | 'dead'
+    started_at: float
+    payload: bytes | str = b""
+    retry_delay_ms: int = 0
+
+
+FINISH_REFUSED, FINISH_SUCCEEDED, FINISH_RETRYING, FINISH_DEAD = 0, 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """Reply of ``finish``: a code per outcome, and dead letters trimmed by the cap."""
+
+    codes: list[int]
+    trimmed: list[str]
+
+
+def _parse_finish(reply: list[Any]) -> Finished:
+    return Finished([int(c) for c in reply[0]], [_text(t) for t in reply[1]])
+
+
+def finish(
+    k: QueueKeys, outcomes: Sequence[Outcome], limits: Limits, now: float | None = None
+) -> ScriptCall[Finished]:
+    """Record ``outcomes``; only current fencing tokens are accepted."""
+    args: list[Arg] = [_now(now), limits.retention, limits.dead_cap, limits.events_maxlen,
+                       limits.bucket_seconds, limits.bucket_ttl, len(outcomes)]
+    for o in outcomes:
+        args.extend((o.short_id, o.token, o.outcome, f"{o.started_at:.6f}", o.payload,
+                     o.retry_delay_ms))
+    return _call("finish", k, args, _parse_finish)
+
+
+def heartbeat(
+    k: QueueKeys, leases: Sequence[tuple[str, str, int]], now: float | None = None
+) -> ScriptCall[list[int]]:
+    """Extend leases given as (short id, token, extend_ms); 1 per lease kept, 0 per lost."""
+    args: list[Arg] = [_now(now), len(leases)]
+    for short_id, token, extend_ms in leases:
+        args.extend((short_id, token, extend_ms))
+    return _call("heartbeat", k, args, lambda r: [int(c) for c in r])
+
+
+def release(k: QueueKeys, jobs: Sequence[tuple[str, str]]) -> ScriptCall[int]:
+    """Hand back unstarted leased jobs given as (short id, token)."""
+    args: list[Arg] = [len(jobs)]
+    for short_id, token in jobs:
+        args.extend((short_id, token))
+    return _call("release", k, args, int)
+
+
+def cancel(
+    k: QueueKeys, short_id: str, limits: Limits, now: float | None = None
+) -> ScriptCall[str]:
+    """Cancel a job that has not started; the reply is the state it was in."""
+    return _call("cancel", k, [_now(now), limits.retention, short_id], _text)
+
+
+def requeue_dead(k: QueueKeys, short_ids: Sequence[str], limit: int = 1000) -> ScriptCall[int]:
+    """Requeue the given dead jobs, or (no ids) up to ``limit`` of the oldest."""
+    return _call("requeue_dead", k, [limit, *short_ids], int)
+
+
+def purge_dead(k: QueueKeys, limit: int = 1000) -> ScriptCall[int]:
+    """Delete up to ``limit`` dead jobs, oldest first."""
+    return _call("purge_dead", k, [limit], int)

@@ -1,0 +1,97 @@
+#!lua
+-- Lease up to `count` ready jobs to a worker, after promoting due delayed jobs and
+-- reclaiming expired leases. Each leased job gets a fresh fencing token.
+--
+-- KEYS[1]  job_prefix
+-- KEYS[2]  ready_prefix
+-- KEYS[3]  ring_prefix
+-- KEYS[4]  priorities
+-- KEYS[5]  delayed
+-- KEYS[6]  leases
+-- KEYS[7]  dead
+-- KEYS[8]  counts
+-- KEYS[9]  active
+-- KEYS[10] seq
+-- KEYS[11] dedupe_prefix
+-- KEYS[12] events
+-- KEYS[13] metrics_prefix
+-- KEYS[14] wake
+-- KEYS[15] paused
+-- ARGV[1] now             '' for the server clock (ms override, tests only)
+-- ARGV[2] count           most jobs to lease (the worker's free slots)
+-- ARGV[3] dead_cap        most dead letters kept
+-- ARGV[4] events_maxlen   approximate cap of the events stream
+-- ARGV[5] bucket_seconds  width of a metric bucket
+-- ARGV[6] bucket_ttl      lifetime of a metric bucket (s)
+-- Returns: { now_ms, next_due_ms ('' if none), dead short ids (lost leases),
+--            jobs: flat, 9 fields each: short id, token, task, args, attempts,
+--            max_attempts, enqueued_at, run_at, vt }
+--@include clock
+--@include ready
+--@include metrics
+--@include finish
+--@include maintain
+
+local k = { job_prefix = KEYS[1], ready_prefix = KEYS[2], ring_prefix = KEYS[3],
+  priorities = KEYS[4], delayed = KEYS[5], leases = KEYS[6], dead = KEYS[7],
+  counts = KEYS[8], active = KEYS[9], seq = KEYS[10], dedupe_prefix = KEYS[11],
+  events = KEYS[12], metrics_prefix = KEYS[13], wake = KEYS[14], paused = KEYS[15] }
+local want = tonumber(ARGV[2])
+local cfg = { dead_cap = tonumber(ARGV[3]), events_maxlen = tonumber(ARGV[4]),
+  bucket_seconds = tonumber(ARGV[5]), bucket_ttl = tonumber(ARGV[6]) }
+if not want or want < 0 or not cfg.dead_cap or not cfg.events_maxlen
+    or not cfg.bucket_seconds or not cfg.bucket_ttl then
+  return redis.error_reply('ERR fetch: count, dead_cap, events_maxlen, bucket_seconds and '
+    .. 'bucket_ttl must be numbers')
+end
+
+local now = now_ms(ARGV[1])
+local now_s = seconds(now)
+local dead_ids = reclaim_expired(k, now, 100, cfg)
+promote_due(k.delayed, k.job_prefix, k.ready_prefix, k.ring_prefix, k.priorities, k.counts,
+  now, 1000)
+
+local jobs, taken, started = {}, 0, {}
+if redis.call('EXISTS', k.paused) == 0 then
+  while taken < want do
+    local id = pop_ready(k.ready_prefix, k.ring_prefix, k.priorities)
+    if not id then break end
+    local key = k.job_prefix .. id
+    local f = redis.call('HMGET', key, 'state', 'task', 'args', 'attempts', 'max_attempts',
+      'enqueued_at', 'run_at', 'vt')
+    -- Cancelled jobs are removed lazily here; their ready count was taken off at cancel.
+    if f[1] ~= 'cancelled' then redis.call('HINCRBY', k.counts, 'ready', -1) end
+    if f[1] == 'ready' then
+      local attempts = tonumber(f[4] or 0) + 1
+      local token = tostring(redis.call('INCR', k.seq))
+      local vt = tonumber(f[8]) or 30000
+      redis.call('HSET', key, 'state', 'active', 'attempts', attempts, 'token', token,
+        'leased_at', now_s)
+      redis.call('ZADD', k.leases, now + vt, id)
+      local task = f[2] or ''
+      redis.call('HINCRBY', k.active, task, 1)
+      started[task] = (started[task] or 0) + 1
+      for _, v in ipairs({ id, token, task, f[3] or '', attempts, f[5] or '1',
+                           f[6] or '', f[7] or '', vt }) do
+        jobs[#jobs + 1] = v
+      end
+      taken = taken + 1
+    end
+  end
+  if taken > 0 and redis.call('ZCARD', k.priorities) > 0 then wake_one(k.wake) end
+end
+if taken > 0 then
+  local bucket = bucket_key(k.metrics_prefix, now, cfg.bucket_seconds)
+  for task, n in pairs(started) do count(bucket, task, 'started', n) end
+  touch_bucket(bucket, cfg.bucket_ttl)
+end
+
+local next_due = ''
+local first_delayed = redis.call('ZRANGE', k.delayed, 0, 0, 'WITHSCORES')
+local first_lease = redis.call('ZRANGE', k.leases, 0, 0, 'WITHSCORES')
+if #first_delayed > 0 then next_due = tonumber(first_delayed[2]) end
+if #first_lease > 0 and (next_due == '' or tonumber(first_lease[2]) < next_due) then
+  next_due = tonumber(first_lease[2])
+end
+return { string.format('%.3f', now), next_due == '' and '' or string.format('%.3f', next_due),
+  dead_ids, jobs }

@@ -1,0 +1,109 @@
+#!lua
+-- Record the outcome of a batch of attempts: success, failure (retry with a delay, or
+-- dead when attempts are spent), or dead at once (unknown task, corrupt payload).
+-- An outcome is accepted only with the fencing token of the job's current lease: a worker
+-- whose lease expired and was taken over cannot record anything, so one success is kept.
+--
+-- KEYS[1]  job_prefix
+-- KEYS[2]  leases
+-- KEYS[3]  delayed
+-- KEYS[4]  dead
+-- KEYS[5]  active
+-- KEYS[6]  idle
+-- KEYS[7]  dedupe_prefix
+-- KEYS[8]  events
+-- KEYS[9]  metrics_prefix
+-- KEYS[10] wake
+-- ARGV[1] now             '' for the server clock (ms override, tests only)
+-- ARGV[2] retention       seconds a finished job record (and its result) is kept
+-- ARGV[3] dead_cap        most dead letters kept
+-- ARGV[4] events_maxlen   approximate cap of the events stream
+-- ARGV[5] bucket_seconds  width of a metric bucket
+-- ARGV[6] bucket_ttl      lifetime of a metric bucket (s)
+-- ARGV[7] count           number of outcomes that follow, 6 fields each:
+--         short id, token, outcome ('ok' | 'retry' | 'dead'), started_at (epoch s),
+--         payload (encoded result for 'ok', error text otherwise), retry_delay_ms
+-- Returns: { codes: one per outcome, 0 refused (stale token), 1 succeeded, 2 retrying,
+--            3 dead; short ids trimmed from the dead letters by the cap }
+--@include clock
+--@include metrics
+--@include finish
+--@include ready
+
+local job_prefix, leases, delayed, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local active, idle, dedupe_prefix, events = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local metrics_prefix, wake = KEYS[9], KEYS[10]
+local retention, dead_cap, events_maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local bucket_seconds, bucket_ttl, n = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local FIELDS, FIRST = 6, 8
+if not (retention and dead_cap and events_maxlen and bucket_seconds and bucket_ttl and n)
+    or #ARGV ~= FIRST - 1 + n * FIELDS then
+  return redis.error_reply('ERR finish: expected numeric settings and ' .. tostring(n)
+    .. ' outcomes of ' .. FIELDS .. ' fields')
+end
+for i = 0, n - 1 do
+  local outcome = ARGV[FIRST + i * FIELDS + 2]
+  if outcome ~= 'ok' and outcome ~= 'retry' and outcome ~= 'dead' then
+    return redis.error_reply("ERR finish: outcome must be 'ok', 'retry' or 'dead', got " .. outcome)
+  end
+end
+
+local now = now_ms(ARGV[1])
+local now_s = seconds(now)
+local bucket = bucket_key(metrics_prefix, now, bucket_seconds)
+local codes, trimmed, retried = {}, {}, false
+for i = 0, n - 1 do
+  local base = FIRST + i * FIELDS
+  local id, token, outcome = ARGV[base], ARGV[base + 1], ARGV[base + 2]
+  local started_at, payload = ARGV[base + 3], ARGV[base + 4]
+  local key = job_prefix .. id
+  local f = redis.call('HMGET', key, 'state', 'token', 'task', 'attempts', 'max_attempts',
+    'key', 'enqueued_at', 'run_at', 'tenant', 'priority')
+  if f[1] ~= 'active' or f[2] ~= token then
+    codes[#codes + 1] = 0
+  else
+    local job = { task = f[3], attempts = f[4], enqueued_at = f[7], run_at = f[8],
+      tenant = f[9], priority = f[10], started_at = started_at, finished_at = now_s }
+    redis.call('ZREM', leases, id)
+    release_active(active, job.task)
+    redis.call('HSET', idle, job.task, now_s)
+    local waited = tonumber(started_at) - math.max(tonumber(f[7]), tonumber(f[8]))
+    observe(bucket, job.task, waited, now / 1000 - tonumber(started_at))
+    if outcome == 'retry' and tonumber(f[4]) >= tonumber(f[5]) then outcome = 'dead' end
+    if outcome == 'ok' then
+      job.state = 'succeeded'
+      redis.call('HSET', key, 'state', 'succeeded', 'token', '', 'result', payload,
+        'started_at', started_at, 'finished_at', now_s)
+      redis.call('EXPIRE', key, retention)
+      count(bucket, job.task, 'succeeded', 1)
+      codes[#codes + 1] = 1
+    elseif outcome == 'retry' then
+      local due = now + (tonumber(ARGV[base + 5]) or 0)
+      redis.call('HSET', key, 'state', 'retrying', 'token', '', 'error', payload,
+        'started_at', started_at, 'finished_at', now_s, 'run_at', seconds(due))
+      redis.call('ZADD', delayed, due, id)
+      count(bucket, job.task, 'failed', 1)
+      count(bucket, job.task, 'retried', 1)
+      retried = true
+      codes[#codes + 1] = 2
+    else
+      job.state, job.error = 'dead', payload
+      redis.call('HSET', key, 'state', 'dead', 'token', '', 'error', payload,
+        'started_at', started_at, 'finished_at', now_s)
+      for _, old in ipairs(bury(dead, job_prefix, id, now, dead_cap)) do
+        trimmed[#trimmed + 1] = old
+      end
+      count(bucket, job.task, 'failed', 1)
+      count(bucket, job.task, 'dead', 1)
+      codes[#codes + 1] = 3
+    end
+    if job.state ~= nil then
+      free_dedupe_key(dedupe_prefix, f[6], id)
+      emit_event(events, events_maxlen, id, job)
+    end
+  end
+end
+touch_bucket(bucket, bucket_ttl)
+-- A retry may now be the earliest due job: idle workers must re-arm their timers.
+if retried then wake_one(wake) end
+return { codes, trimmed }

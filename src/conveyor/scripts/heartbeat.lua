@@ -1,0 +1,36 @@
+#!lua
+-- Extend the leases of jobs a worker is still running. Only the holder of the current
+-- token may extend; a lease that was reclaimed stays lost and its job runs elsewhere.
+--
+-- KEYS[1] job_prefix
+-- KEYS[2] leases
+-- ARGV[1] now     '' for the server clock (ms override, tests only)
+-- ARGV[2] count   number of leases that follow, 3 fields each: short id, token, extend_ms
+-- Returns: one code per lease: 1 extended, 0 lost (the token is no longer current)
+--@include clock
+
+local job_prefix, leases = KEYS[1], KEYS[2]
+local n = tonumber(ARGV[2])
+if not n or #ARGV ~= 2 + n * 3 then
+  return redis.error_reply('ERR heartbeat: expected ' .. tostring(n) .. ' leases of 3 fields')
+end
+for i = 0, n - 1 do
+  if not tonumber(ARGV[3 + i * 3 + 2]) then
+    return redis.error_reply('ERR heartbeat: extend_ms must be a number')
+  end
+end
+
+local now = now_ms(ARGV[1])
+local codes = {}
+for i = 0, n - 1 do
+  local base = 3 + i * 3
+  local id = ARGV[base]
+  local f = redis.call('HMGET', job_prefix .. id, 'state', 'token')
+  if f[1] == 'active' and f[2] == ARGV[base + 1] then
+    redis.call('ZADD', leases, 'XX', now + tonumber(ARGV[base + 2]), id)
+    codes[#codes + 1] = 1
+  else
+    codes[#codes + 1] = 0
+  end
+end
+return codes

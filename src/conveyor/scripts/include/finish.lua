@@ -1,0 +1,36 @@
+-- What every terminal transition shares: release the lease and the active slot, record
+-- when the type last finished, free the dedupe key, and stream the record to the sink.
+
+local function release_active(active, task)
+  if redis.call('HINCRBY', active, task, -1) < 0 then
+    redis.call('HSET', active, task, 0)
+  end
+end
+
+local function free_dedupe_key(dedupe_prefix, key, short_id)
+  if key and key ~= '' and redis.call('GET', dedupe_prefix .. key) == short_id then
+    redis.call('DEL', dedupe_prefix .. key)
+  end
+end
+
+local function emit_event(events, maxlen, short_id, job)
+  redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*',
+    'id', short_id, 'task', job.task, 'tenant', job.tenant or '',
+    'priority', job.priority or '5', 'state', job.state, 'attempts', job.attempts,
+    'enqueued_at', job.enqueued_at or '', 'run_at', job.run_at or '',
+    'started_at', job.started_at or '', 'finished_at', job.finished_at or '',
+    'error', job.error or '')
+end
+
+-- Move a job to the dead-letter set, trimming the oldest past the cap.
+-- Returns the short ids trimmed away (their records are deleted).
+local function bury(dead, job_prefix, short_id, now, cap)
+  redis.call('ZADD', dead, now, short_id)
+  redis.call('PERSIST', job_prefix .. short_id)
+  local excess = redis.call('ZCARD', dead) - cap
+  if excess <= 0 then return {} end
+  local trimmed = redis.call('ZRANGE', dead, 0, excess - 1)
+  for _, old in ipairs(trimmed) do redis.call('DEL', job_prefix .. old) end
+  redis.call('ZREMRANGEBYRANK', dead, 0, excess - 1)
+  return trimmed
+end

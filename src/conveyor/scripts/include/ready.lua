@@ -1,0 +1,43 @@
+-- Ready jobs: one list per (priority, tenant); a ring of tenants per priority that have
+-- ready jobs; a zset of priorities that have a ring. A tenant is in its ring exactly
+-- while its list is non-empty, so popping is O(1) in tenants and jobs.
+
+-- Append (or, for jobs that have already waited, prepend) a job to its tenant's list.
+local function push_ready(ready_prefix, ring_prefix, priorities, id, priority, tenant, front)
+  local list = ready_prefix .. priority .. ':' .. tenant
+  local n
+  if front then n = redis.call('LPUSH', list, id) else n = redis.call('RPUSH', list, id) end
+  if n == 1 then
+    redis.call('RPUSH', ring_prefix .. priority, tenant)
+    redis.call('ZADD', priorities, priority, priority)
+  end
+end
+
+-- Take the next job id: highest priority first, tenants round robin within it.
+-- Returns the id, or nil when nothing is ready.
+local function pop_ready(ready_prefix, ring_prefix, priorities)
+  while true do
+    local top = redis.call('ZRANGE', priorities, 0, 0, 'REV')
+    if #top == 0 then return nil end
+    local ring = ring_prefix .. top[1]
+    local tenant = redis.call('LPOP', ring)
+    if not tenant then
+      redis.call('ZREM', priorities, top[1])
+    else
+      local list = ready_prefix .. top[1] .. ':' .. tenant
+      local id = redis.call('LPOP', list)
+      if redis.call('LLEN', list) > 0 then
+        redis.call('RPUSH', ring, tenant)
+      elseif redis.call('LLEN', ring) == 0 then
+        redis.call('ZREM', priorities, top[1])
+      end
+      if id then return id end
+    end
+  end
+end
+
+-- Tell one idle worker that there may be work; the list never holds more than one marker.
+local function wake_one(wake)
+  redis.call('LPUSH', wake, '1')
+  redis.call('LTRIM', wake, 0, 0)
+end

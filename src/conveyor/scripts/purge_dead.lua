@@ -1,0 +1,15 @@
+#!lua
+-- Delete up to `limit` dead jobs, oldest first (the caller repeats until it returns 0).
+--
+-- KEYS[1] job_prefix
+-- KEYS[2] dead
+-- ARGV[1] limit   most jobs to delete in this call
+-- Returns: number of jobs deleted
+local job_prefix, dead = KEYS[1], KEYS[2]
+local limit = tonumber(ARGV[1])
+if not limit or limit < 1 then return redis.error_reply('ERR purge_dead: limit must be >= 1') end
+
+local ids = redis.call('ZRANGE', dead, 0, limit - 1)
+for _, id in ipairs(ids) do redis.call('DEL', job_prefix .. id) end
+if #ids > 0 then redis.call('ZREMRANGEBYRANK', dead, 0, #ids - 1) end
+return #ids

@@ -1,0 +1,43 @@
+#!lua
+-- Hand leased jobs back unrun (a stopping worker's jobs that never started): they return
+-- to the front of their lists and the attempt they were charged is given back.
+--
+-- KEYS[1] job_prefix
+-- KEYS[2] ready_prefix
+-- KEYS[3] ring_prefix
+-- KEYS[4] priorities
+-- KEYS[5] leases
+-- KEYS[6] counts
+-- KEYS[7] active
+-- KEYS[8] wake
+-- ARGV[1] count   number of jobs that follow, 2 fields each: short id, token
+-- Returns: number of jobs handed back (stale tokens are skipped)
+--@include ready
+--@include finish
+
+local job_prefix, ready_prefix, ring_prefix, priorities = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local leases, counts, active, wake = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local n = tonumber(ARGV[1])
+if not n or #ARGV ~= 1 + n * 2 then
+  return redis.error_reply('ERR release: expected ' .. tostring(n) .. ' jobs of 2 fields')
+end
+
+local released = 0
+for i = 0, n - 1 do
+  local id, token = ARGV[2 + i * 2], ARGV[3 + i * 2]
+  local key = job_prefix .. id
+  local f = redis.call('HMGET', key, 'state', 'token', 'task', 'attempts', 'priority', 'tenant')
+  if f[1] == 'active' and f[2] == token then
+    redis.call('HSET', key, 'state', 'ready', 'token', '',
+      'attempts', math.max(0, tonumber(f[4]) - 1))
+    redis.call('ZREM', leases, id)
+    release_active(active, f[3])
+    push_ready(ready_prefix, ring_prefix, priorities, id, f[5], f[6], true)
+    released = released + 1
+  end
+end
+if released > 0 then
+  redis.call('HINCRBY', counts, 'ready', released)
+  wake_one(wake)
+end
+return released

@@ -1,0 +1,234 @@
+"""Tasks: functions registered with ``@app.task``, and how their jobs are enqueued.
+
+Task arguments never share a namespace with job options: ``task.enqueue(*args, **kwargs)``
+passes everything to the function, and options go through ``task.options(...)``, which
+returns a frozen copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from . import keys as keyspace
+from .errors import ConfigurationError
+from .job import Job
+from .scripts import calls
+
+if TYPE_CHECKING:
+    from .app import Conveyor
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+MAX_RETRY_DELAY = 3600.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobOptions:
+    """How a job is enqueued (not what it is called with).
+
+    :param delay: run no sooner than this many seconds (or this timedelta) from now
+    :param at: run no sooner than this aware datetime or epoch seconds
+    :param priority: 0-9, larger runs first
+    :param tenant: fairness group: tenants take turns within a priority
+    :param key: dedupe key: while a job with this key is unfinished, enqueue returns it
+    """
+
+    delay: float | None = None
+    at: float | None = None
+    priority: int = 5
+    tenant: str | None = None
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.delay is not None and self.at is not None:
+            raise ConfigurationError("give either delay= or at=, not both")
+        p = self.priority
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= 9:
+            raise ConfigurationError(f"priority must be an integer from 0 to 9, got {p!r}")
+        if self.tenant is not None and not isinstance(self.tenant, str):
+            raise ConfigurationError(f"tenant must be a string, got {type(self.tenant).__name__}")
+        if self.key is not None and (not isinstance(self.key, str) or not self.key):
+            raise ConfigurationError("key must be a non-empty string")
+
+    def merged(self, changes: Mapping[str, Any]) -> JobOptions:
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigurationError(
+                f"unknown job option(s) {', '.join(sorted(unknown))}: expected delay, at,"
+                " priority, tenant or key"
+            )
+        values = dict(changes)
+        if "delay" in values:
+            values["delay"] = _seconds(values["delay"])
+            if values["delay"] is not None and "at" not in changes:
+                values["at"] = None
+        if "at" in values:
+            values["at"] = _epoch(values["at"])
+            if values["at"] is not None and "delay" not in changes:
+                values["delay"] = None
+        return dataclasses.replace(self, **values)
+
+
+def _seconds(delay: Any) -> float | None:
+    if delay is None:
+        return None
+    if isinstance(delay, timedelta):
+        return delay.total_seconds()
+    if isinstance(delay, int | float) and not isinstance(delay, bool):
+        return float(delay)
+    raise ConfigurationError(f"delay must be seconds or a timedelta, got {type(delay).__name__}")
+
+
+def _epoch(at: Any) -> float | None:
+    if at is None:
+        return None
+    if isinstance(at, datetime):
+        if at.tzinfo is None:
+            raise ConfigurationError(
+                "at= needs an aware datetime (e.g. datetime.now(timezone.utc)); a naive one"
+                " is ambiguous"
+            )
+        return at.timestamp()
+    if isinstance(at, int | float) and not isinstance(at, bool):
+        return float(at)
+    raise ConfigurationError(f"at must be an aware datetime or epoch seconds, got {at!r}")
+
+
+def new_short_id() -> str:
+    """A random 80-bit job id: short, so queued jobs cost little memory."""
+    return os.urandom(10).hex()
+
+
+class Task(Generic[P, R]):
+    """A registered task. Call it to run the function here; ``enqueue`` to run it on a worker.
+
+    Made by :meth:`conveyor.Conveyor.task`; see there for the settings.
+    """
+
+    def __init__(
+        self,
+        app: Conveyor,
+        fn: Callable[P, R],
+        *,
+        name: str,
+        queue: str,
+        retries: int,
+        backoff: float,
+        timeout: float | None,
+        visibility_timeout: float,
+        idle_threshold: float,
+        job_options: JobOptions | None = None,
+    ) -> None:
+        if retries < 0:
+            raise ConfigurationError(f"task {name!r}: retries must be >= 0, got {retries}")
+        if visibility_timeout <= 0:
+            raise ConfigurationError(f"task {name!r}: visibility_timeout must be > 0")
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError(f"task {name!r}: timeout must be > 0 or None")
+        if not queue or keyspace.JOB_ID_SEPARATOR in queue:
+            raise ConfigurationError(
+                f"task {name!r}: queue name must be non-empty and free of"
+                f" {keyspace.JOB_ID_SEPARATOR!r}"
+            )
+        self.app = app
+        self.fn = fn
+        self.name = name
+        self.queue = queue
+        self.retries = retries
+        self.backoff = backoff
+        self.timeout = timeout
+        self.visibility_timeout = visibility_timeout
+        self.idle_threshold = idle_threshold
+        self.job_options = job_options or JobOptions()
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.queue!r}>"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    @property
+    def max_attempts(self) -> int:
+        return self.retries + 1
+
+    def retry_delay(self, attempts: int) -> float:
+        """Seconds before the next attempt: exponential in ``attempts``, jittered, capped."""
+        exp = self.backoff * (2 ** max(0, attempts - 1))
+        return min(MAX_RETRY_DELAY, exp) * random.uniform(0.5, 1.0)
+
+    def options(self, **changes: Any) -> Task[P, R]:
+        """A copy of this task whose jobs are enqueued with other options.
+
+        :param changes: any of ``delay``, ``at``, ``priority``, ``tenant``, ``key``
+        """
+        copy = object.__new__(Task)
+        copy.__dict__.update(self.__dict__)
+        copy.job_options = self.job_options.merged(changes)
+        return copy
+
+    def _new_job(self, args: Sequence[Any], kwargs: dict[str, Any]) -> calls.NewJob:
+        o = self.job_options
+        return calls.NewJob(
+            short_id=new_short_id(),
+            task=self.name,
+            args=self.app.codec.encode_args(self.name, tuple(args), kwargs),
+            priority=o.priority,
+            tenant=o.tenant or "",
+            delay_ms=None if o.delay is None else o.delay * 1000,
+            at_ms=None if o.at is None else o.at * 1000,
+            max_attempts=self.max_attempts,
+            key=o.key or "",
+            visibility_ms=max(1, int(self.visibility_timeout * 1000)),
+        )
+
+    def _batch(self, items: Iterable[Any]) -> list[calls.NewJob]:
+        jobs = []
+        for item in items:
+            if isinstance(item, Mapping):
+                jobs.append(self._new_job((), dict(item)))
+            elif isinstance(item, tuple | list):
+                jobs.append(self._new_job(item, {}))
+            else:
+                jobs.append(self._new_job((item,), {}))
+        if self.job_options.key is not None and len(jobs) > 1:
+            raise ConfigurationError(
+                "a dedupe key names one job: use it with enqueue, not enqueue_many"
+            )
+        return jobs
+
+    def _jobs(self, replies: list[tuple[str, bool]]) -> list[Job]:
+        return [Job(self.app, keyspace.job_id(self.queue, short)) for short, _ in replies]
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Store a job that calls this task with these arguments; it is in Redis on return.
+
+        :raises SerializationError: an argument cannot be encoded (nothing is written)
+        :raises PayloadTooLarge: the encoded arguments are over the limit
+        """
+        return self._jobs(self.app.store(self.queue, [self._new_job(args, kwargs)]))[0]
+
+    def enqueue_many(self, items: Iterable[Any]) -> list[Job]:
+        """Store many jobs in one round trip; each item is a tuple of positional arguments,
+        a dict of keyword arguments, or a single argument. The options apply to every job."""
+        jobs = self._batch(items)
+        return self._jobs(self.app.store(self.queue, jobs)) if jobs else []
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Async twin of :meth:`enqueue`."""
+        return self._jobs(await self.app.astore(self.queue, [self._new_job(args, kwargs)]))[0]
+
+    async def aenqueue_many(self, items: Iterable[Any]) -> list[Job]:
+        """Async twin of :meth:`enqueue_many`."""
+        jobs = self._batch(items)
+        return self._jobs(await self.app.astore(self.queue, jobs)) if jobs else []
+

@@ -1,0 +1,331 @@
+"""The worker: one asyncio loop per process that owns all Redis I/O.
+
+A worker leases jobs in batches no larger than its free slots (so priorities and fairness
+are decided in Redis, not in a prefetch buffer), runs them, and records outcomes in
+batches. When there is nothing to do it blocks on its queues' wake keys and arms a timer,
+from the server's clock, for the earliest delayed job or lease deadline: an idle worker
+sends almost no commands, and due work starts within milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis.exceptions
+
+from ..scripts import calls
+from .clock import ServerClock
+from .executor import Executor, Held
+from .outbox import Outbox
+from .server_check import check_server
+
+if TYPE_CHECKING:
+    from ..app import Conveyor
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("conveyor.worker")
+WAKE_BLOCK_SECONDS = 5.0  # longest BLPOP; also bounds how stale a missed wake-up can be
+RECONNECT_MAX = 5.0
+CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+class Worker:
+    """Consumes jobs from ``queues`` with up to ``concurrency`` running at once.
+
+    :param app: the application whose tasks run here
+    :param queues: queues to serve, in order of preference (default: all the app's queues)
+    :param concurrency: most jobs running at once (also the most leased at once)
+    :param grace: seconds running jobs get to finish after SIGTERM/SIGINT
+    """
+
+    def __init__(
+        self,
+        app: Conveyor,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 32,
+        *,
+        grace: float = 30.0,
+        name: str | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.app = app
+        self.queues = list(queues) if queues else app.queues() or ["default"]
+        self.concurrency = concurrency
+        self.grace = grace
+        self.id = name or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.clock = ServerClock()
+        self.held: dict[tuple[str, str], Held] = {}
+        self.processed = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._nudge: asyncio.Event | None = None
+        self._more: dict[str, bool] = {}
+        self._next_due: dict[str, float | None] = {}
+        self._rotation = 0
+        self.started = threading.Event()
+
+    # -- entry points ----------------------------------------------------------------------
+
+    def run(self, burst: bool = False) -> None:
+        """Run until stopped (SIGTERM/SIGINT or :meth:`stop`), or, with ``burst``, until no
+        job is ready (scheduled jobs and retries not yet due are not waited for)."""
+        try:
+            import uvloop
+
+            loop_factory: Any = uvloop.new_event_loop
+        except ImportError:
+            loop_factory = None
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(self.arun(burst=burst))
+
+    def stop(self) -> None:
+        """Ask the worker to stop gracefully; safe to call from any thread or signal."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._stopping = True
+            return
+        loop.call_soon_threadsafe(self._request_stop)
+
+    def _request_stop(self) -> None:
+        if self._stopping:
+            log.warning("second stop request: not waiting for running jobs")
+            self.grace = 0
+        self._stopping = True
+        if self._nudge is not None:
+            self._nudge.set()
+
+    async def arun(self, burst: bool = False) -> None:
+        """The worker's main coroutine (what :meth:`run` runs on a fresh loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._nudge = asyncio.Event()
+        self._more = dict.fromkeys(self.queues, True)
+        self._next_due = dict.fromkeys(self.queues)
+        client, runner = self.app.aredis(), self.app.ascripts()
+        self.executor = Executor(self.app, self.clock, self.concurrency)
+        self.outbox = Outbox(self.app, runner)
+        self._install_signals()
+        await check_server(client)
+        helpers = [
+            asyncio.create_task(self._listen_for_wakeups(), name="conveyor-wake"),
+            asyncio.create_task(self._heartbeat(runner), name="conveyor-heartbeat"),
+            asyncio.create_task(self.outbox.run(), name="conveyor-outbox"),
+        ]
+        log.info("worker %s serving %s with concurrency %d", self.id, self.queues,
+                 self.concurrency)
+        self.started.set()
+        try:
+            await self._consume(runner, burst)
+            await self._drain()
+        finally:
+            await self.outbox.flush_all()
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            self.executor.shutdown()
+            self._remove_signals()
+            await self.app.aclose()
+            log.info("worker %s stopped after %d jobs", self.id, self.processed)
+
+    # -- consuming -------------------------------------------------------------------------
+
+    async def _consume(self, runner: Any, burst: bool) -> None:
+        assert self._nudge is not None
+        failures = 0
+        while not self._stopping:
+            self._nudge.clear()
+            try:
+                took = await self._fill(runner)
+                failures = 0
+            except CONNECTION_ERRORS as exc:
+                failures += 1
+                pause = min(RECONNECT_MAX, 0.05 * 2**failures)
+                log.warning("Redis unreachable while fetching (%s); retrying in %.2f s", exc, pause)
+                await asyncio.sleep(pause)
+                continue
+            if took:
+                continue
+            if burst and not self.held and not any(self._more.values()):
+                await self.outbox.flush_all()
+                if not self.held:
+                    return
+            await self._sleep()
+
+    async def _fill(self, runner: Any) -> bool:
+        """Lease jobs for every free slot from queues that may have work; True if any."""
+        took = False
+        n = len(self.queues)
+        for i in range(n):
+            free = self.concurrency - len(self.held)
+            if free <= 0 or self._stopping:
+                break
+            queue = self.queues[(self._rotation + i) % n]
+            if not self._more[queue] and not self._is_due(queue):
+                continue
+            fetched = await runner.run(calls.fetch(self.app.keys(queue), free, self.app.limits))
+            self.clock.observe(fetched.now_ms)
+            self._next_due[queue] = fetched.next_due_ms
+            self._more[queue] = len(fetched.jobs) == free
+            if fetched.dead:
+                self.outbox.notify_dead(queue, fetched.dead)
+            for leased in fetched.jobs:
+                self._start(queue, leased)
+            took = took or bool(fetched.jobs)
+        self._rotation = (self._rotation + 1) % n
+        return took
+
+    def _is_due(self, queue: str) -> bool:
+        due = self._next_due.get(queue)
+        return due is not None and self.clock.seconds_until(due) <= 0
+
+    def _start(self, queue: str, leased: calls.Leased) -> None:
+        held = Held(queue, leased)
+        self.held[(queue, leased.short_id)] = held
+        held.task = asyncio.create_task(self._execute(held))
+
+    async def _execute(self, held: Held) -> None:
+        try:
+            outcome = await self.executor.run(held)
+        except asyncio.CancelledError:
+            if (held.queue, held.leased.short_id) not in self.held:
+                return  # handed back unstarted by _release
+            outcome = calls.Outcome(
+                held.leased.short_id, held.leased.token, "retry",
+                held.started_at or self.clock.now(), "interrupted: the worker shut down", 0,
+            )
+        self.outbox.add(held.queue, outcome)
+        self.processed += 1
+        self.held.pop((held.queue, held.leased.short_id), None)
+        self._more[held.queue] = self._more[held.queue] or len(self.held) == 0
+        assert self._nudge is not None
+        self._nudge.set()
+
+    async def _sleep(self) -> None:
+        """Wait for a wake-up, a free slot, or the earliest due time, whichever comes first."""
+        assert self._nudge is not None
+        timeout = None
+        dues = [d for d in self._next_due.values() if d is not None]
+        if dues:
+            timeout = max(0.0, self.clock.seconds_until(min(dues)))
+        if self.held and not any(self._more.values()):
+            # Busy but the queues looked empty: look again now and then for new work.
+            timeout = WAKE_BLOCK_SECONDS if timeout is None else min(timeout, WAKE_BLOCK_SECONDS)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._nudge.wait(), timeout)
+
+    async def _listen_for_wakeups(self) -> None:
+        """Block on the queues' wake keys; a marker means "there may be work"."""
+        client = self.app.aredis()
+        wake_keys = [self.app.keys(q).wake for q in self.queues]
+        failures = 0
+        while True:
+            try:
+                reply = await client.blpop(wake_keys, timeout=WAKE_BLOCK_SECONDS)
+                failures = 0
+            except CONNECTION_ERRORS as exc:
+                failures += 1
+                await asyncio.sleep(min(RECONNECT_MAX, 0.05 * 2**failures))
+                log.debug("wake listener reconnecting after %s", exc)
+                self._wake_all()
+                continue
+            if reply is None:
+                continue
+            if len(self.held) >= self.concurrency:
+                # No free slot here: pass the marker on to another worker.
+                await client.lpush(reply[0], b"1")
+                await client.ltrim(reply[0], 0, 0)
+                await asyncio.sleep(0.001)
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        for queue in self.queues:
+            self._more[queue] = True
+        assert self._nudge is not None
+        self._nudge.set()
+
+    # -- leases ----------------------------------------------------------------------------
+
+    async def _heartbeat(self, runner: Any) -> None:
+        """Extend the leases of held jobs every third of their visibility timeout."""
+        while True:
+            vts = [h.leased.visibility_ms for h in self.held.values()]
+            interval = max(0.05, min(vts) / 3000) if vts else 1.0
+            await asyncio.sleep(interval)
+            by_queue: dict[str, list[tuple[str, str, int]]] = {}
+            for held in list(self.held.values()):
+                lease = (held.leased.short_id, held.leased.token, held.leased.visibility_ms)
+                by_queue.setdefault(held.queue, []).append(lease)
+            for queue, leases in by_queue.items():
+                try:
+                    codes = await runner.run(calls.heartbeat(self.app.keys(queue), leases))
+                except CONNECTION_ERRORS as exc:
+                    log.warning("could not extend leases (%s); retrying", exc)
+                    continue
+                lost = [lease[0] for lease, code in zip(leases, codes, strict=True)
+                        if not code and (queue, lease[0]) in self.held]
+                if lost:
+                    log.warning("lost the lease of %d job(s) in %s (another worker took them"
+                                " over; their results here will be refused): %s",
+                                len(lost), queue, ", ".join(lost[:5]))
+
+    # -- stopping --------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """After a stop: give running jobs the grace period, then interrupt the rest; their
+        attempts are recorded as interrupted so they are retried, never lost."""
+        running = [h.task for h in self.held.values() if h.task is not None]
+        if running:
+            log.info("waiting up to %.1f s for %d running job(s)", self.grace, len(running))
+            await asyncio.wait(running, timeout=self.grace)
+        unstarted = [h for h in self.held.values() if h.started_at is None]
+        if unstarted:
+            await self._release(unstarted)
+        for held in list(self.held.values()):
+            if held.task is not None and not held.task.done():
+                held.task.cancel()
+        still = [h.task for h in self.held.values() if h.task is not None]
+        if still:
+            await asyncio.wait(still, timeout=1.0)
+        for held in list(self.held.values()):  # sync threads that ignore cancellation
+            self.outbox.add(held.queue, calls.Outcome(
+                held.leased.short_id, held.leased.token, "retry", held.started_at or time.time(),
+                "interrupted: the worker shut down", 0))
+            self.held.pop((held.queue, held.leased.short_id), None)
+
+    async def _release(self, unstarted: list[Held]) -> None:
+        by_queue: dict[str, list[tuple[str, str]]] = {}
+        for held in unstarted:
+            if held.task is not None:
+                held.task.cancel()
+            by_queue.setdefault(held.queue, []).append((held.leased.short_id, held.leased.token))
+            self.held.pop((held.queue, held.leased.short_id), None)
+        runner = self.app.ascripts()
+        for queue, jobs in by_queue.items():
+            await runner.run(calls.release(self.app.keys(queue), jobs))
+
+    def _install_signals(self) -> None:
+        self._signals: list[int] = []
+        if threading.current_thread() is not threading.main_thread():
+            return
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._request_stop)
+                self._signals.append(sig)
+            except (NotImplementedError, RuntimeError):
+                pass
+
+    def _remove_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self._signals:
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,112 @@
+"""Running one leased job: decode, call the task, and turn what happened into an outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import EncodingError
+from ..scripts.calls import Leased, Outcome
+from .clock import ServerClock
+
+if TYPE_CHECKING:
+    from ..app import Conveyor
+
+log = logging.getLogger("conveyor.worker")
+MAX_ERROR = 8192
+
+
+@dataclass(eq=False)
+class Held:
+    """A job this worker holds a lease on."""
+
+    queue: str
+    leased: Leased
+    started_at: float | None = None  # server epoch s when the function began
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+def describe(exc: BaseException) -> str:
+    """The error text stored on the job: type, message, then the traceback (bounded)."""
+    text = "".join(traceback.format_exception(exc))
+    head = f"{type(exc).__name__}: {exc}"
+    return (head + "\n" + text)[:MAX_ERROR]
+
+
+class Executor:
+    """Runs jobs: async tasks on the loop, sync tasks in a bounded thread pool."""
+
+    def __init__(self, app: Conveyor, clock: ServerClock, threads: int) -> None:
+        self.app = app
+        self.clock = clock
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="conveyor-task")
+        self.abandoned = 0  # sync runs that overran their timeout and still hold a thread
+
+    def _dead(self, held: Held, reason: str) -> Outcome:
+        return Outcome(held.leased.short_id, held.leased.token, "dead",
+                       held.started_at or self.clock.now(), reason)
+
+    async def run(self, held: Held) -> Outcome:
+        """Run ``held`` to an outcome; never raises except on cancellation."""
+        leased = held.leased
+        task = self.app.tasks.get(leased.task)
+        if task is None:
+            held.started_at = self.clock.now()
+            return self._dead(held, f"unknown task {leased.task!r}")
+        try:
+            args, kwargs = self.app.codec.decode_args(leased.args)
+        except EncodingError as exc:
+            held.started_at = self.clock.now()
+            return self._dead(held, str(exc))
+        try:
+            value = await self._call(held, task, args, kwargs)
+            payload = self.app.codec.encode_result(value)
+        except TimeoutError:
+            return self._retry(held, task, f"timeout: the task ran longer than {task.timeout} s")
+        except Exception as exc:
+            return self._retry(held, task, describe(exc))
+        return Outcome(leased.short_id, leased.token, "ok", held.started_at or self.clock.now(),
+                       payload)
+
+    def _retry(self, held: Held, task: Any, error: str) -> Outcome:
+        delay = task.retry_delay(held.leased.attempts)
+        return Outcome(held.leased.short_id, held.leased.token, "retry",
+                       held.started_at or self.clock.now(), error, int(delay * 1000))
+
+    async def _call(self, held: Held, task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        if task.is_async:
+            held.started_at = self.clock.now()
+            if task.timeout is None:
+                return await task.fn(*args, **kwargs)
+            async with asyncio.timeout(task.timeout):
+                return await task.fn(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+
+        def in_thread() -> Any:
+            held.started_at = self.clock.now()
+            return task.fn(*args, **kwargs)
+
+        ctx = contextvars.copy_context()
+        future = loop.run_in_executor(self.pool, functools.partial(ctx.run, in_thread))
+        if task.timeout is None:
+            return await future
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), task.timeout)
+        except TimeoutError:
+            self.abandoned += 1
+            log.error(
+                "task %s (job %s) overran its %s s timeout; its thread cannot be interrupted and"
+                " is abandoned (%d abandoned so far): run workers under the supervisor (-p) so"
+                " the process is replaced", task.name, held.leased.short_id, task.timeout,
+                self.abandoned,
+            )
+            raise
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

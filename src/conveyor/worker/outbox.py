@@ -1,0 +1,121 @@
+"""Outcomes waiting to be recorded, sent in batches: one ``finish`` call per queue per flush.
+
+While one flush is on the wire, new outcomes collect for the next, so the batch size
+follows the load without any timer. When Redis is unreachable the outcomes stay here and
+are sent once it is back (their leases may expire meanwhile: then the finish is refused
+and the job runs again elsewhere, at least once, never lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import TYPE_CHECKING, Any
+
+import redis.exceptions
+
+from ..job import JobInfo
+from ..scripts import calls
+
+if TYPE_CHECKING:
+    from ..app import Conveyor
+
+log = logging.getLogger("conveyor.worker")
+RETRY_MAX = 5.0
+ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+class Outbox:
+    def __init__(self, app: Conveyor, runner: Any) -> None:
+        self.app = app
+        self.runner = runner
+        self.pending: dict[str, list[calls.Outcome]] = {}
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.refused = 0
+        self.dead: list[JobInfo] = []
+
+    def add(self, queue: str, outcome: calls.Outcome) -> None:
+        self.pending.setdefault(queue, []).append(outcome)
+        self._idle.clear()
+        self._ready.set()
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            try:
+                await self._flush_once()
+                failures = 0
+            except ERRORS as exc:
+                failures += 1
+                pause = min(RETRY_MAX, 0.05 * 2**failures)
+                log.warning("could not record outcomes (%s); retrying in %.2f s", exc, pause)
+                await asyncio.sleep(pause)
+                self._ready.set()
+            if not self.pending:
+                self._idle.set()
+
+    async def _flush_once(self) -> None:
+        for queue in list(self.pending):
+            batch = self.pending.pop(queue, [])
+            if not batch:
+                continue
+            try:
+                done = await self.runner.run(
+                    calls.finish(self.app.keys(queue), batch, self.app.limits)
+                )
+            except BaseException:
+                self.pending.setdefault(queue, [])[:0] = batch  # keep order, try again
+                raise
+            self._after(queue, batch, done)
+
+    def _after(self, queue: str, batch: list[calls.Outcome], done: calls.Finished) -> None:
+        refused = [o.short_id for o, c in zip(batch, done.codes, strict=True)
+                   if c == calls.FINISH_REFUSED]
+        if refused:
+            self.refused += len(refused)
+            log.warning("%d outcome(s) refused in %s: the lease was lost and the job was taken"
+                        " over (%s)", len(refused), queue, ", ".join(refused[:5]))
+        dead = [o.short_id for o, c in zip(batch, done.codes, strict=True)
+                if c == calls.FINISH_DEAD]
+        if dead:
+            self.notify_dead(queue, dead)
+        if done.trimmed:
+            log.error("dead-letter set of %s is full (cap %d): %d oldest dead job(s) deleted",
+                      queue, self.app.limits.dead_cap, len(done.trimmed))
+
+    def notify_dead(self, queue: str, short_ids: list[str]) -> None:
+        """Call the app's dead hooks for these jobs (in the background)."""
+        if self.app.dead_hooks:
+            asyncio.get_running_loop().create_task(self._call_hooks(queue, short_ids))
+
+    async def _call_hooks(self, queue: str, short_ids: list[str]) -> None:
+        client = self.app.aredis()
+        keys = self.app.keys(queue)
+        for short in short_ids:
+            record = await client.hgetall(keys.job(short))
+            if not record:
+                continue
+            info = JobInfo.from_record(self.app, queue, short, record)
+            for hook in self.app.dead_hooks:
+                try:
+                    result = hook(info)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:
+                    log.exception("on_dead hook %r failed for job %s", hook, info.id)
+
+    async def flush_all(self, timeout: float = 10.0) -> None:
+        """Wait until everything pending is recorded (or ``timeout`` passes)."""
+        if not self.pending:
+            return
+        self._ready.set()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            log.error("could not record %d outcome(s) before stopping; their jobs will run"
+                      " again when their leases expire", sum(map(len, self.pending.values())))

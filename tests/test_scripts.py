@@ -1,0 +1,199 @@
+"""Each Lua script alone, through its typed wrapper, against a real redis-server."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+import conveyor
+from conveyor.scripts import calls
+
+Q = "q"
+
+
+def new(short: str, priority: int = 5, tenant: str = "", **kw: object) -> calls.NewJob:
+    return calls.NewJob(short_id=short, task="t", args=b"[[]]", priority=priority,
+                        tenant=tenant, **kw)  # type: ignore[arg-type]
+
+
+def enqueue(app: conveyor.Conveyor, *jobs: calls.NewJob, now: float | None = None) -> list:
+    return app.scripts.run(calls.enqueue(app.keys(Q), jobs, app.limits, now=now))
+
+
+def fetch(app: conveyor.Conveyor, count: int = 10, now: float | None = None) -> calls.Fetched:
+    return app.scripts.run(calls.fetch(app.keys(Q), count, app.limits, now=now))
+
+
+def finish(app: conveyor.Conveyor, *outcomes: calls.Outcome, now: float | None = None):
+    return app.scripts.run(calls.finish(app.keys(Q), outcomes, app.limits, now=now))
+
+
+def state(app: conveyor.Conveyor, short: str) -> str:
+    return app.redis.hget(app.keys(Q).job(short), "state").decode()
+
+
+def test_enqueue_stores_record_and_wakes(app: conveyor.Conveyor) -> None:
+    assert enqueue(app, new("a"), new("b")) == [("a", True), ("b", True)]
+    k = app.keys(Q)
+    assert state(app, "a") == "ready"
+    assert int(app.redis.hget(k.counts, "ready")) == 2
+    assert app.redis.llen(k.wake) == 1
+
+
+def test_enqueue_validates_before_writing(app: conveyor.Conveyor) -> None:
+    with pytest.raises(redis.ResponseError, match="priority must be an integer 0-9"):
+        enqueue(app, new("a"), new("b", priority=12))
+    assert app.redis.exists(app.keys(Q).job("a")) == 0
+
+
+def test_enqueue_with_delay_is_scheduled(app: conveyor.Conveyor) -> None:
+    enqueue(app, new("a", delay_ms=5000), now=1_000_000)
+    assert state(app, "a") == "scheduled"
+    assert app.redis.zscore(app.keys(Q).delayed, "a") == 1_005_000
+    assert fetch(app, now=1_004_999).jobs == []
+    got = fetch(app, now=1_005_000)
+    assert [j.short_id for j in got.jobs] == ["a"]
+
+
+def test_dedupe_key_returns_unfinished_job(app: conveyor.Conveyor) -> None:
+    assert enqueue(app, new("a", key="k")) == [("a", True)]
+    assert enqueue(app, new("b", key="k")) == [("a", False)]
+    job = fetch(app).jobs[0]
+    finish(app, calls.Outcome("a", job.token, "ok", 1.0, b"1"))
+    assert enqueue(app, new("c", key="k")) == [("c", True)]
+
+
+def test_fetch_orders_by_priority_then_fifo(app: conveyor.Conveyor) -> None:
+    enqueue(app, new("low1", 1), new("high1", 9), new("low2", 1), new("high2", 9), new("mid", 5))
+    got = [j.short_id for j in fetch(app, 10).jobs]
+    assert got == ["high1", "high2", "mid", "low1", "low2"]
+
+
+def test_fetch_round_robins_tenants(app: conveyor.Conveyor) -> None:
+    enqueue(app, *[new(f"a{i}", tenant="a") for i in range(5)], new("b0", tenant="b"),
+            new("b1", tenant="b"), new("c0", tenant="c"))
+    got = [j.short_id for j in fetch(app, 6).jobs]
+    assert got == ["a0", "b0", "c0", "a1", "b1", "a2"]
+
+
+def test_fetch_leases_with_fresh_tokens(app: conveyor.Conveyor) -> None:
+    enqueue(app, new("a", visibility_ms=1000), new("b"))
+    got = fetch(app, 2, now=5000).jobs
+    assert len({j.token for j in got}) == 2
+    assert got[0].attempts == 1
+    assert app.redis.zscore(app.keys(Q).leases, "a") == 6000
+    assert int(app.redis.hget(app.keys(Q).active, "t")) == 2
+
+
+def test_due_delayed_job_goes_ahead_of_waiting_jobs(app: conveyor.Conveyor) -> None:
+    enqueue(app, new("late", delay_ms=100), now=1000)
+    enqueue(app, new("x1"), new("x2"), now=1050)
+    got = [j.short_id for j in fetch(app, 3, now=1200).jobs]
+    assert got == ["late", "x1", "x2"]
+
+
+def test_expired_lease_is_reclaimed_and_old_token_refused(app: conveyor.Conveyor) -> None:
+    enqueue(app, new("a", visibility_ms=1000), now=0)
+    first = fetch(app, now=0).jobs[0]
+    second = fetch(app, now=2000).jobs[0]  # the lease ran out: another worker takes it
+    assert second.short_id == "a" and second.attempts == 2 and second.token != first.token
+    done = finish(app, calls.Outcome("a", first.token, "ok", 0.5, b"1"), now=2100)
+    assert done.codes == [calls.FINISH_REFUSED]
+    done = finish(app, calls.Outcome("a", second.token, "ok", 2.0, b"2"), now=2100)
+    assert done.codes == [calls.FINISH_SUCCEEDED]
+    assert app.job(f"{Q}~a").info().result == 2
+
+
+def test_lost_lease_on_last_attempt_goes_dead(app: conveyor.Conveyor) -> None:
+    enqueue(app, new("a", visibility_ms=10, max_attempts=1), now=0)
+    fetch(app, now=0)
+    got = fetch(app, now=100)
+    assert got.dead == ["a"] and got.jobs == []
+    info = app.job(f"{Q}~a").info()
+    assert info.state == conveyor.JobState.DEAD
+    assert "lease expired" in (info.error or "")
+    assert app.monitor.active("t") == 0
+
+
+def test_finish_retry_then_dead(app: conveyor.Conveyor) -> None:
+    enqueue(app, new("a", max_attempts=2), now=0)
+    job = fetch(app, now=0).jobs[0]
+    done = finish(app, calls.Outcome("a", job.token, "retry", 0.0, "boom", 500), now=10)
+    assert done.codes == [calls.FINISH_RETRYING]
+    assert state(app, "a") == "retrying"
+    assert app.redis.zscore(app.keys(Q).delayed, "a") == 510
+    job = fetch(app, now=510).jobs[0]
+    assert job.attempts == 2
+    done = finish(app, calls.Outcome("a", job.token, "retry", 0.6, "boom again", 500), now=600)
+    assert done.codes == [calls.FINISH_DEAD]
+    assert app.redis.zscore(app.keys(Q).dead, "a") == 600
+    assert app.redis.xlen(app.keys(Q).events) == 1
+
+
+def test_dead_letters_are_capped(app: conveyor.Conveyor) -> None:
+    app.limits = calls.Limits(dead_cap=2)
+    enqueue(app, *[new(f"j{i}", max_attempts=1) for i in range(3)], now=0)
+    jobs = fetch(app, 3, now=0).jobs
+    done = finish(app, *[calls.Outcome(j.short_id, j.token, "dead", 0.0, "x") for j in jobs],
+                  now=1)
+    assert done.trimmed == ["j0"] or len(done.trimmed) == 1
+    assert app.redis.zcard(app.keys(Q).dead) == 2
+
+
+def test_heartbeat_extends_only_current_leases(app: conveyor.Conveyor) -> None:
+    enqueue(app, new("a", visibility_ms=1000), now=0)
+    job = fetch(app, now=0).jobs[0]
+    k = app.keys(Q)
+    leases = [("a", job.token, 5000), ("a", "stale", 9)]
+    codes = app.scripts.run(calls.heartbeat(k, leases, now=500))
+    assert codes == [1, 0]
+    assert app.redis.zscore(k.leases, "a") == 5500
+
+
+def test_release_hands_back_without_charging_an_attempt(app: conveyor.Conveyor) -> None:
+    enqueue(app, new("a"), new("b"))
+    jobs = fetch(app, 1).jobs
+    assert app.scripts.run(calls.release(app.keys(Q), [("a", jobs[0].token)])) == 1
+    again = fetch(app, 2).jobs
+    assert [j.short_id for j in again] == ["a", "b"]
+    assert again[0].attempts == 1
+
+
+def test_cancel_ready_and_scheduled_but_not_active(app: conveyor.Conveyor) -> None:
+    enqueue(app, new("r"), new("s", delay_ms=10_000), new("x"))
+    k = app.keys(Q)
+    assert app.scripts.run(calls.cancel(k, "s", app.limits)) == "scheduled"
+    assert app.scripts.run(calls.cancel(k, "r", app.limits)) == "ready"
+    assert [j.short_id for j in fetch(app, 5).jobs] == ["x"]
+    assert app.scripts.run(calls.cancel(k, "x", app.limits)) == "active"
+    assert state(app, "x") == "active"
+    assert int(app.redis.hget(k.counts, "ready")) == 0
+
+
+def test_requeue_and_purge_dead(app: conveyor.Conveyor) -> None:
+    enqueue(app, *[new(f"j{i}", max_attempts=1) for i in range(3)])
+    jobs = fetch(app, 3).jobs
+    finish(app, *[calls.Outcome(j.short_id, j.token, "dead", 0.0, "x") for j in jobs])
+    k = app.keys(Q)
+    assert app.scripts.run(calls.requeue_dead(k, ["j1"])) == 1
+    assert [j.short_id for j in fetch(app, 5).jobs] == ["j1"]
+    assert app.scripts.run(calls.purge_dead(k, 1)) == 1
+    assert app.scripts.run(calls.purge_dead(k, 10)) == 1
+    assert app.redis.zcard(k.dead) == 0 and app.redis.exists(k.job("j0")) == 0
+
+
+def test_paused_queue_hands_out_nothing(app: conveyor.Conveyor) -> None:
+    enqueue(app, new("a"))
+    app.redis.set(app.keys(Q).paused, 1)
+    assert fetch(app).jobs == []
+    app.redis.delete(app.keys(Q).paused)
+    assert len(fetch(app).jobs) == 1
+
+
+def test_active_counter_never_negative_after_manual_delete(app: conveyor.Conveyor) -> None:
+    enqueue(app, new("a"))
+    job = fetch(app).jobs[0]
+    app.redis.delete(app.keys(Q).active)
+    finish(app, calls.Outcome("a", job.token, "ok", 0.0, b"1"))
+    assert app.monitor.active("t") == 0
+    assert int(app.redis.hget(app.keys(Q).active, "t")) == 0
