@@ -246,3 +246,19 @@ def test_result_timeout(app: conveyor.Conveyor) -> None:
 
     with pytest.raises(conveyor.ResultTimeout):
         f.enqueue().result(timeout=0.05)
+
+
+def test_pause_and_resume(app: conveyor.Conveyor) -> None:
+    @app.task
+    def f(x: int) -> int:
+        return x
+
+    app.pause("default")
+    assert app.is_paused("default")
+    job = f.enqueue(5)
+    with running_worker(app, concurrency=1):
+        with pytest.raises(conveyor.ResultTimeout):
+            job.result(timeout=0.3)
+        app.resume("default")
+        assert job.result(timeout=5) == 5
+    assert not app.is_paused("default")

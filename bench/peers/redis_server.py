@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -39,17 +40,17 @@ class RedisServer:
         self.url = f"redis://{HOST}:{port}/0"
         self.client = redis.Redis(host=HOST, port=port, db=0)
 
-    def info(self, section: str) -> dict[str, object]:
-        return self.client.info(section)
+    def info(self, section: str) -> dict[str, Any]:
+        return dict(self.client.info(section))
 
     def version(self) -> str:
         return str(self.info("server")["redis_version"])
 
     def used_memory(self) -> int:
-        return int(self.info("memory")["used_memory"])  # type: ignore[call-overload]
+        return int(self.info("memory")["used_memory"])
 
     def commands_processed(self) -> int:
-        return int(self.info("stats")["total_commands_processed"])  # type: ignore[call-overload]
+        return int(self.info("stats")["total_commands_processed"])
 
     def flush(self) -> None:
         """Empty the DB (workers must be stopped first) and drop cached scripts."""

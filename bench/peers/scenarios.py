@@ -8,6 +8,7 @@ and memory figures.  Completion is always read from Redis
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -50,7 +51,7 @@ class Options:
 
     @classmethod
     def quick(cls, **overrides: Any) -> Options:
-        base = {
+        base: dict[str, Any] = {
             "jobs": 2_000,
             "runs": 1,
             "enqueue_jobs": 500,
@@ -103,7 +104,7 @@ class PeerBench:
             if snap is None:
                 self.result.values[key] = Value(reason="no filled queue")
             elif profile in profiles:
-                self._step([key], lambda p=profile, s=snap: self.drain(p, s))
+                self._step([key], functools.partial(self.drain, profile, snap))
         self._step(["lat_p50", "lat_p99", "idle_cmds", "idle_cpu"], self.latency_and_idle)
         return self.result
 

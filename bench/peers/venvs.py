@@ -12,6 +12,7 @@ import hashlib
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .specs import PeerSpec
@@ -42,7 +43,7 @@ def _tail(text: str, lines: int = 6) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 
 
-def _run(cmd: list[str], log) -> None:  # type: ignore[no-untyped-def]
+def _run(cmd: list[str]) -> None:
     try:
         proc = subprocess.run(
             cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False
@@ -51,10 +52,9 @@ def _run(cmd: list[str], log) -> None:  # type: ignore[no-untyped-def]
         raise VenvError(f"timed out after {INSTALL_TIMEOUT_S}s: {' '.join(cmd[:4])}") from exc
     if proc.returncode != 0:
         raise VenvError(f"{' '.join(cmd[2:5])} failed: {_tail(proc.stderr or proc.stdout)}")
-    log(proc.stdout)
 
 
-def ensure_venv(spec: PeerSpec, log=print) -> str:  # type: ignore[no-untyped-def]
+def ensure_venv(spec: PeerSpec, log: Callable[[str], None] = print) -> str:
     """Return the interpreter path for *spec*, creating its venv if needed."""
     if spec.repo_venv:
         return repo_python()
@@ -68,9 +68,9 @@ def ensure_venv(spec: PeerSpec, log=print) -> str:  # type: ignore[no-untyped-de
         shutil.rmtree(venv)
     log(f"[{spec.name}] creating venv {venv} ...")
     base = getattr(sys, "_base_executable", sys.executable)
-    _run([base, "-m", "venv", str(venv)], lambda _: None)
+    _run([base, "-m", "venv", str(venv)])
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    _run([*pip, *spec.requirements], lambda _: None)
+    _run([*pip, *spec.requirements])
     marker.write_text(digest + "\n")
     log(f"[{spec.name}] installed {' '.join(spec.requirements)}")
     return str(python)

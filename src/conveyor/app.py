@@ -196,6 +196,19 @@ class Conveyor:
         """Every queue the app's tasks and periodic jobs name, sorted."""
         return sorted({t.queue for t in self.tasks.values()})
 
+    def pause(self, queue: str) -> None:
+        """Stop handing out jobs of ``queue``; it keeps accepting new ones."""
+        self.redis.set(self.keys(queue).paused, 1)
+
+    def resume(self, queue: str) -> None:
+        """Hand out jobs of ``queue`` again, and wake its idle workers."""
+        k = self.keys(queue)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.delete(k.paused).lpush(k.wake, b"1").ltrim(k.wake, 0, 0).execute()
+
+    def is_paused(self, queue: str) -> bool:
+        return bool(self.redis.exists(self.keys(queue).paused))
+
     def job(self, id: str) -> Job:
         """A handle on the job with this id (no Redis call is made)."""
         return Job(self, id)
