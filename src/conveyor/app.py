@@ -64,7 +64,7 @@ class Conveyor:
         self.periodics: list[Periodic] = []
         self.dead_hooks: list[Callable[[JobInfo], Any]] = []
         self._async: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[redis.asyncio.Redis, AsyncScriptRunner]
+            asyncio.AbstractEventLoop, tuple[Any, AsyncScriptRunner]
         ] = weakref.WeakKeyDictionary()
         self._registered_queues: set[str] = set()
 
@@ -74,15 +74,15 @@ class Conveyor:
     # -- clients ---------------------------------------------------------------------------
 
     @cached_property
-    def redis(self) -> redis.Redis:
-        """The synchronous client (thread-safe connection pool)."""
+    def redis(self) -> Any:  # redis.Redis; its stubs type replies as unions of everything
+        """The synchronous client (thread-safe connection pool), replies as bytes."""
         return redis.Redis.from_url(self.url)
 
     @cached_property
     def scripts(self) -> ScriptRunner:
         return ScriptRunner(self.redis)
 
-    def _async_pair(self) -> tuple[redis.asyncio.Redis, AsyncScriptRunner]:
+    def _async_pair(self) -> tuple[Any, AsyncScriptRunner]:
         loop = asyncio.get_running_loop()
         pair = self._async.get(loop)
         if pair is None:
@@ -91,8 +91,8 @@ class Conveyor:
             self._async[loop] = pair
         return pair
 
-    def aredis(self) -> redis.asyncio.Redis:
-        """The asyncio client of the running event loop (one per loop)."""
+    def aredis(self) -> Any:  # redis.asyncio.Redis
+        """The asyncio client of the running event loop (one per loop), replies as bytes."""
         return self._async_pair()[0]
 
     def ascripts(self) -> AsyncScriptRunner:
@@ -186,7 +186,7 @@ class Conveyor:
         from .schedule import Periodic
 
         def register(func: F) -> Task[Any, Any]:
-            task = self.task(func, name=name, queue=queue, **task_options)
+            task: Task[Any, Any] = self.task(name=name, queue=queue, **task_options)(func)
             self.periodics.append(Periodic(task=task, cron=cron))
             return task
 

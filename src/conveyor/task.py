@@ -95,7 +95,7 @@ def _epoch(at: Any) -> float | None:
                 "at= needs an aware datetime (e.g. datetime.now(timezone.utc)); a naive one"
                 " is ambiguous"
             )
-        return at.timestamp()
+        return float(at.timestamp())
     if isinstance(at, int | float) and not isinstance(at, bool):
         return float(at)
     raise ConfigurationError(f"at must be an aware datetime or epoch seconds, got {at!r}")
@@ -163,7 +163,7 @@ class Task(Generic[P, R]):
 
     def retry_delay(self, attempts: int) -> float:
         """Seconds before the next attempt: exponential in ``attempts``, jittered, capped."""
-        exp = self.backoff * (2 ** max(0, attempts - 1))
+        exp = float(self.backoff) * 2.0 ** max(0, attempts - 1)
         return min(MAX_RETRY_DELAY, exp) * random.uniform(0.5, 1.0)
 
     def options(self, **changes: Any) -> Task[P, R]:

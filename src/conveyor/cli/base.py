@@ -61,7 +61,7 @@ def app_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--namespace", default="conveyor", show_default=True,
                   help="Key namespace (without --app).")
     @click.pass_context
-    def wrapper(ctx: click.Context, app_spec: str | None, url: str | None, namespace: str,
+    def wrapper(ctx: click.Context, /, app_spec: str | None, url: str | None, namespace: str,
                 **kwargs: Any) -> Any:
         app = load_app(app_spec) if app_spec else Conveyor(url, namespace=namespace)
         return ctx.invoke(func, app=app, **kwargs)
