@@ -1,10 +1,10 @@
 import conveyor
 
 EXPECTED = [
-    "Codec", "ConfigurationError", "Conveyor", "ConveyorError", "DeadLetters", "EncodingError",
-    "Job", "JobCancelled", "JobFailed", "JobInfo", "JobNotFound", "JobOptions", "JobState",
-    "Limits", "Monitor", "PayloadTooLarge", "ResultTimeout", "SerializationError", "Task",
-    "Worker", "__version__",
+    "Advice", "Backlog", "Codec", "ConfigurationError", "Conveyor", "ConveyorError",
+    "DeadLetters", "EncodingError", "Job", "JobCancelled", "JobFailed", "JobInfo", "JobNotFound",
+    "JobOptions", "JobState", "Limits", "Monitor", "PayloadTooLarge", "ResultTimeout",
+    "SerializationError", "Stats", "Task", "TaskActivity", "Timing", "Worker", "__version__",
 ]
 
 

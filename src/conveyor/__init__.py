@@ -23,7 +23,7 @@ from .errors import (
     SerializationError,
 )
 from .job import Job, JobInfo, JobState
-from .monitor import Monitor
+from .monitor import Advice, Backlog, Monitor, Stats, TaskActivity, Timing
 from .scripts.calls import Limits
 from .task import JobOptions, Task
 from .worker import Worker
@@ -31,6 +31,8 @@ from .worker import Worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "Advice",
+    "Backlog",
     "Codec",
     "ConfigurationError",
     "Conveyor",
@@ -49,7 +51,10 @@ __all__ = [
     "PayloadTooLarge",
     "ResultTimeout",
     "SerializationError",
+    "Stats",
     "Task",
+    "TaskActivity",
+    "Timing",
     "Worker",
     "__version__",
 ]

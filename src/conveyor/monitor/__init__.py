@@ -1,12 +1,46 @@
-"""Read-only views of what the queues and workers are doing."""
+"""Read-only views of what the queues and workers are doing.
+
+Everything here reads Redis and changes nothing: the counters, idle times and metric
+buckets are written by the Lua scripts that start and finish jobs, so they cannot drift
+from what happened, and the worker registry is written by the workers themselves.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from . import registry
+from .advice import Advice, decide
+from .registry import WorkerInfo
+from .stats import (
+    Backlog,
+    Stats,
+    TaskWindow,
+    Timing,
+    bucket_starts,
+    build,
+    read_backlog,
+    read_windows,
+)
 
 if TYPE_CHECKING:
     from ..app import Conveyor
+
+__all__ = ["Advice", "Backlog", "Monitor", "Stats", "TaskActivity", "Timing", "WorkerInfo"]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskActivity:
+    """One task type of one queue now: jobs running, last finish, and whether it is idle."""
+
+    task: str
+    queue: str
+    active: int
+    idle_since: float | None
+    idle: bool
 
 
 class Monitor:
@@ -52,3 +86,106 @@ class Monitor:
     def _server_time(self) -> float:
         sec, usec = self.app.redis.time()
         return sec + usec / 1e6 if sec else time.time()
+
+    # -- windowed stats --------------------------------------------------------------------
+
+    def backlog(self, queue: str) -> Backlog:
+        """Jobs of ``queue`` ready, scheduled (delayed or awaiting retry), active and dead."""
+        return read_backlog(self.app.redis, self.app.keys(queue))
+
+    def _stat_queues(self, task: str | None, queue: str | None) -> list[str]:
+        if queue is not None:
+            return [queue]
+        return self._queues_of(task) if task is not None else self.app.known_queues()
+
+    def _windows(self, queues: list[str], window: float
+                 ) -> tuple[float, float, dict[str, dict[str, TaskWindow]]]:
+        now = self._server_time()
+        width = self.app.limits.bucket_seconds
+        starts = bucket_starts(now, window, width)
+        by_queue = {q: read_windows(self.app.redis, self.app.keys(q), starts) for q in queues}
+        return now, now - starts[0], by_queue
+
+    def stats(self, task: str | None = None, queue: str | None = None,
+              window: float = 300) -> Stats:
+        """Counts, throughput, wait and run percentiles over the last ``window`` seconds,
+        and the backlog now.
+
+        :param task: one task type (default: all); its queue unless ``queue`` is given
+        :param queue: one queue (default: the task's queue, or every known queue)
+        :param window: seconds to look back (at most ``limits.bucket_ttl`` is kept)
+        """
+        queues = self._stat_queues(task, queue)
+        now, span, by_queue = self._windows(queues, window)
+        total = TaskWindow()
+        for windows in by_queue.values():
+            for name, part in windows.items():
+                if task is None or name == task:
+                    total.merge(part)
+        backlog = Backlog()
+        for q in queues:
+            backlog = backlog + self.backlog(q)
+        return build(task, queue, window, span, now, total, backlog)
+
+    def stats_by_task(self, queue: str | None = None, window: float = 300) -> list[Stats]:
+        """One :class:`Stats` per (queue, task type) seen in the window, sorted; each
+        carries its queue's backlog."""
+        queues = self._stat_queues(None, queue)
+        now, span, by_queue = self._windows(queues, window)
+        out = []
+        for q in queues:
+            windows = by_queue[q]
+            if not windows:
+                continue
+            backlog = self.backlog(q)
+            for name in sorted(windows):
+                out.append(build(name, q, window, span, now, windows[name], backlog))
+        return out
+
+    def activity(self, queue: str | None = None) -> list[TaskActivity]:
+        """Every task type known to the app or seen by the queues: active now, last finish,
+        idle against its threshold. Sorted by queue, then task."""
+        queues = [queue] if queue is not None else self.app.known_queues()
+        now = self._server_time()
+        out = []
+        for q in queues:
+            k = self.app.keys(q)
+            with self.app.redis.pipeline(transaction=False) as pipe:
+                active, idle = pipe.hgetall(k.active).hgetall(k.idle).execute()
+            names = {n.decode() for n in (*active, *idle)}
+            names |= {t.name for t in self.app.tasks.values() if t.queue == q}
+            for name in sorted(names):
+                running = max(0, int(active.get(name.encode(), 0) or 0))
+                raw = idle.get(name.encode())
+                since = float(raw) if raw is not None else None
+                known = self.app.tasks.get(name)
+                threshold = known.idle_threshold if known else 300.0
+                is_idle = running == 0 and (since is None or now - since >= threshold)
+                out.append(TaskActivity(name, q, running, since, is_idle))
+        return out
+
+    # -- capacity and advice ---------------------------------------------------------------
+
+    def workers(self) -> list[WorkerInfo]:
+        """Live worker processes from the worker registry (empty when none registered)."""
+        return registry.live_workers(self.app.redis, self.app.namespace, self._server_time())
+
+    def advice(self, queue: str = "default", target_wait: float = 10,
+               deadline: float | dt.datetime | None = None, window: float = 60) -> Advice:
+        """How many workers ``queue`` needs to keep waits under ``target_wait`` seconds (and
+        drain its pending jobs before ``deadline``), how long it takes to drain now, and why.
+
+        :param queue: the queue to advise on
+        :param target_wait: seconds a job should wait at most before it starts
+        :param deadline: when every pending job must be done (aware datetime or epoch s)
+        :param window: seconds of history the rates are measured over
+        """
+        if isinstance(deadline, dt.datetime):
+            deadline = deadline.timestamp()
+        stats = self.stats(queue=queue, window=window)
+        run_time = stats.run.mean
+        if run_time is None:  # nothing finished lately: the longest history kept will do
+            run_time = self.stats(queue=queue, window=self.app.limits.bucket_ttl).run.mean
+        live = self.workers()
+        return decide(queue, stats, run_time, registry.serving(live, queue), bool(live),
+                      target_wait, deadline)
