@@ -1,0 +1,40 @@
+"""``conveyor dashboard``: serve the web dashboard of an application."""
+
+from __future__ import annotations
+
+import click
+
+from .base import load_app, main
+
+
+@main.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind (loopback by default: put a proxy with TLS in front "
+                   "before exposing it).")
+@click.option("--port", default=8600, show_default=True, type=int)
+@click.option("--token", envvar="CONVEYOR_DASHBOARD_TOKEN",
+              help="Require this token (bearer header, or open a page once with ?token=).")
+@click.option("--user", "username", envvar="CONVEYOR_DASHBOARD_USER",
+              help="Require HTTP basic auth with this user name (with --password).")
+@click.option("--password", envvar="CONVEYOR_DASHBOARD_PASSWORD",
+              help="Password for --user.")
+def dashboard(app_spec: str, host: str, port: int, token: str | None, username: str | None,
+              password: str | None) -> None:
+    """Serve the web dashboard of MODULE:APP: queues, task types, jobs, workers, schedules.
+
+    Without --token or --user the dashboard is open to whoever reaches the address.
+    """
+    import uvicorn
+
+    from ..web import create_app
+
+    if (username is None) != (password is None):
+        raise click.UsageError("--user and --password go together")
+    app = load_app(app_spec)
+    web = create_app(app, token=token, username=username, password=password)
+    if host not in ("127.0.0.1", "localhost", "::1") and token is None and username is None:
+        click.echo(f"warning: serving on {host} without --token or --user: anyone who can "
+                   "reach it can requeue, purge and pause", err=True)
+    click.echo(f"conveyor dashboard on http://{host}:{port}/", err=True)
+    uvicorn.run(web, host=host, port=port, log_level="warning")

@@ -1,0 +1,107 @@
+"""The web dashboard: ``create_app(app)`` returns an ASGI application (Starlette).
+
+Run it with ``conveyor dashboard MODULE:APP`` or mount it in an existing ASGI app::
+
+    from starlette.routing import Mount
+    routes = [Mount("/conveyor", app=create_app(my_conveyor, token="s3cret"))]
+
+Pages: ``/`` overview, ``/queues/<queue>`` queue detail and charts, ``/queues/<queue>/jobs``
+scheduled / active / dead jobs with paging, ``/tasks`` task types, ``/jobs`` look-up,
+``/jobs/<id>`` one job, ``/workers`` the worker registry, ``/schedules`` periodic jobs.
+Actions are forms that POST to ``/actions/<name>`` (``requeue``, ``purge``, ``cancel``,
+``pause``, ``resume``) with a CSRF token; see :mod:`conveyor.web.security`.
+
+JSON API (GET only; nothing under ``/api`` changes state; times are epoch seconds from
+the Redis server's clock, durations seconds, rates per second; a figure that cannot be
+had is ``null``):
+
+``/api/overview``
+    ``{time, totals: {ready, scheduled, active, dead, throughput}, workers: {count,
+    capacity}, queues: [{name, paused, ready, scheduled, active, dead, throughput,
+    wait_p95, advice: {workers_needed, eta_seconds, reasons} | null, spark: {t,
+    processed, wait_p95}}]}`` — throughput and wait p95 over the last minute, sparklines
+    over ten minutes.
+``/api/queues/<queue>?window=900``
+    ``{name, time, window, backlog, stats: {enqueued, started, succeeded, failed,
+    retried, dead, throughput, failure_rate, wait: {mean, p50, p95, p99}, run: {...}},
+    advice, priorities: [{priority, ready, tenant_count, hidden, tenants: [{tenant,
+    ready}]}], top_tenants: [{tenant, ready}]}``. ``window`` is snapped to 300, 900, 3600
+    or 10800 seconds.
+``/api/queues/<queue>/series?window=900``
+    ``{window, step, t, processed, failed, enqueued, wait_p50, wait_p95, wait_p99,
+    run_p50, run_p95, run_p99}``: parallel arrays, one point per ``step`` seconds.
+``/api/queues/<queue>/jobs?state=dead&offset=0&limit=50``
+    ``{queue, state, total, offset, limit, jobs: [job + {due}]}``; ``state`` is
+    ``scheduled`` (soonest first), ``active`` or ``dead`` (newest first).
+``/api/tasks?window=900``
+    ``{window, tasks: [{name, queue, registered, active, idle, idle_since, idle_for,
+    threshold, enqueued, ..., throughput, failure_rate, wait, run}]}``.
+``/api/jobs/<id>``
+    the job record (fields of :class:`conveyor.JobInfo`) with ``args`` and ``kwargs``;
+    404 with ``{error}`` when there is no such job.
+``/api/workers``
+    ``{capacity, workers: [{id, last_seen, age, host, pid, queues, concurrency, jobs,
+    started_at, fields}]}``.
+``/api/schedules``
+    ``{time, schedules: [{task, queue, cron, next, last}]}``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Mount
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from . import filters
+from .api import Api
+from .pages import Pages
+from .security import Credentials, Csrf, SecurityMiddleware
+
+if TYPE_CHECKING:
+    from ..app import Conveyor
+
+__all__ = ["create_app"]
+
+HERE = Path(__file__).parent
+
+
+def create_app(
+    app: Conveyor,
+    *,
+    token: str | None = None,
+    username: str | None = None,
+    password: str | None = None,
+    secret: bytes | None = None,
+) -> Starlette:
+    """The dashboard of ``app`` as an ASGI application.
+
+    :param app: the conveyor application to show (its Redis, queues and tasks)
+    :param token: when set, every request must present it (bearer header, or a cookie set
+        by opening a page once with ``?token=...``)
+    :param username: with ``password``, HTTP basic-auth credentials every request needs
+    :param password: see ``username``
+    :param secret: key of the CSRF tokens; random per process when None
+    """
+    if (username is None) != (password is None):
+        raise ValueError("give both username and password for basic authentication, or neither")
+    basic = (username, password) if username is not None and password is not None else None
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,  # every value rendered as text, whatever it holds
+        undefined=jinja2.StrictUndefined,
+    )
+    filters.install(env)
+    templates = Jinja2Templates(env=env)
+    routes = [
+        *Pages(app, templates, Csrf(secret)).routes(),
+        *Api(app).routes(),
+        Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    middleware = [Middleware(SecurityMiddleware, credentials=Credentials(token, basic))]
+    return Starlette(routes=routes, middleware=middleware)

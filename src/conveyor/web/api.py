@@ -1,0 +1,103 @@
+"""The JSON API under ``/api``: read-only views the pages poll (documented in the package
+docstring). No endpoint here changes anything."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..errors import JobNotFound
+from . import figures, queries, series
+
+if TYPE_CHECKING:
+    from ..app import Conveyor
+
+WINDOWS = (300, 900, 3600, 10800)  # selectable chart windows (s); buckets live 24 h at most
+DEFAULT_WINDOW = 900
+PAGE_SIZE = 50
+
+
+def json_response(data: Any, status_code: int = 200) -> Response:
+    # msgspec writes NaN/inf as null and knows datetimes, unlike json.dumps(allow_nan=False).
+    return Response(msgspec.json.encode(data), status_code=status_code,
+                    media_type="application/json", headers={"cache-control": "no-store"})
+
+
+def window_of(request: Request) -> int:
+    """The ``window`` query parameter, snapped to one of :data:`WINDOWS`."""
+    try:
+        asked = int(request.query_params.get("window", DEFAULT_WINDOW))
+    except ValueError:
+        return DEFAULT_WINDOW
+    return min(WINDOWS, key=lambda w: abs(w - asked))
+
+
+def int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    try:
+        value = int(request.query_params.get(name, default))
+    except ValueError:
+        return default
+    return max(low, min(high, value))
+
+
+class Api:
+    """Endpoints bound to one application (no module-level state)."""
+
+    def __init__(self, app: Conveyor) -> None:
+        self.app = app
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/api/overview", self.overview),
+            Route("/api/tasks", self.tasks),
+            Route("/api/workers", self.workers),
+            Route("/api/schedules", self.schedules),
+            Route("/api/queues/{queue}", self.queue),
+            Route("/api/queues/{queue}/series", self.series),
+            Route("/api/queues/{queue}/jobs", self.jobs),
+            Route("/api/jobs/{job_id:path}", self.job),
+        ]
+
+    def overview(self, request: Request) -> Response:
+        return json_response(figures.overview(self.app))
+
+    def tasks(self, request: Request) -> Response:
+        window = window_of(request)
+        return json_response({"window": window, "tasks": figures.task_types(self.app, window)})
+
+    def workers(self, request: Request) -> Response:
+        rows = queries.workers(self.app, series.server_time(self.app))
+        capacity = sum(figures._int(w.get("concurrency")) for w in rows)
+        return json_response({"workers": rows, "capacity": capacity})
+
+    def schedules(self, request: Request) -> Response:
+        now = series.server_time(self.app)
+        return json_response({"time": now, "schedules": queries.schedules(self.app, now)})
+
+    def queue(self, request: Request) -> Response:
+        queue = request.path_params["queue"]
+        return json_response(figures.queue_detail(self.app, queue, window_of(request)))
+
+    def series(self, request: Request) -> Response:
+        queue, window = request.path_params["queue"], window_of(request)
+        return json_response({"window": window, **figures.queue_series(self.app, queue, window)})
+
+    def jobs(self, request: Request) -> Response:
+        state = request.query_params.get("state", "dead")
+        if state not in queries.LISTS:
+            return json_response({"error": f"state must be one of {sorted(queries.LISTS)}"},
+                                 400)
+        offset = int_param(request, "offset", 0, 0, 10**9)
+        limit = int_param(request, "limit", PAGE_SIZE, 1, 500)
+        data = queries.list_jobs(self.app, request.path_params["queue"], state, offset, limit)
+        return json_response(data)
+
+    def job(self, request: Request) -> Response:
+        try:
+            return json_response(queries.job_detail(self.app, request.path_params["job_id"]))
+        except (JobNotFound, ValueError) as exc:
+            return json_response({"error": str(exc)}, 404)

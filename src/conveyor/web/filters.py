@@ -1,0 +1,49 @@
+"""Jinja filters that format figures the way the dashboard's script does."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+from urllib.parse import quote
+
+import jinja2
+import msgspec
+
+
+def when(ts: float | None) -> str:
+    """Epoch seconds as a UTC time; "-" for none."""
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S") + " UTC"
+
+
+def duration(value: float | None) -> str:
+    """Seconds in the unit that reads best; "n/a" for none."""
+    if value is None:
+        return "n/a"
+    if value < 1e-3:
+        return f"{value * 1e6:.0f} µs"
+    if value < 1:
+        return f"{value * 1e3:.1f} ms"
+    if value < 120:
+        return f"{value:.2f} s"
+    if value < 7200:
+        return f"{value / 60:.1f} min"
+    return f"{value / 3600:.1f} h"
+
+
+def segment(value: str) -> str:
+    """``value`` quoted to sit in one path segment of a URL."""
+    return quote(value, safe="~")
+
+
+def pretty(value: Any) -> str:
+    """A decoded value as indented JSON text (escaped later by autoescape)."""
+    try:
+        return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+    except (TypeError, msgspec.EncodeError):
+        return repr(value)
+
+
+def install(env: jinja2.Environment) -> None:
+    env.filters.update(when=when, duration=duration, seg=segment, pretty=pretty)

@@ -1,0 +1,190 @@
+"""What the dashboard reads from Redis, as plain dicts ready for JSON or a template.
+
+Every function here only reads. Lists are bounded (paging, tenant caps) so a page costs
+the same with ten tenants or a hundred thousand.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from .. import keys as keyspace
+from ..errors import EncodingError
+from ..job import JobInfo
+
+if TYPE_CHECKING:
+    from ..app import Conveyor
+
+MAX_TENANTS = 25  # tenants shown per priority level
+TOP_TENANTS = 10
+STALE_AFTER = 60.0  # seconds without a heartbeat after which a worker is not shown
+LISTS = {"scheduled": "delayed", "active": "leases", "dead": "dead"}
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def backlog(app: Conveyor, queues: list[str]) -> dict[str, dict[str, Any]]:
+    """Ready, scheduled, active and dead jobs and the paused flag of each queue."""
+    with app.redis.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            k = app.keys(queue)
+            pipe.hget(k.counts, "ready").zcard(k.delayed).zcard(k.leases).zcard(k.dead)
+            pipe.exists(k.paused)
+        replies = pipe.execute()
+    out = {}
+    for i, queue in enumerate(queues):
+        ready, scheduled, active, dead, paused = replies[i * 5 : i * 5 + 5]
+        out[queue] = {"ready": max(0, int(ready or 0)), "scheduled": int(scheduled),
+                      "active": int(active), "dead": int(dead), "paused": bool(paused)}
+    return out
+
+
+def tenants(app: Conveyor, queue: str) -> dict[str, Any]:
+    """Ready jobs per priority level and per tenant (capped), and the top tenants."""
+    k = app.keys(queue)
+    levels = [_text(p) for p in app.redis.zrange(k.priorities, 0, -1, desc=True)]
+    with app.redis.pipeline(transaction=False) as pipe:
+        for level in levels:
+            pipe.llen(k.ring_prefix + level).lrange(k.ring_prefix + level, 0, MAX_TENANTS - 1)
+        rings = pipe.execute()
+    shown: list[tuple[str, list[str], int]] = []
+    for i, level in enumerate(levels):
+        names = list(dict.fromkeys(_text(t) for t in rings[2 * i + 1]))
+        shown.append((level, names, int(rings[2 * i])))
+    with app.redis.pipeline(transaction=False) as pipe:
+        for level, names, _ in shown:
+            for name in names:
+                pipe.llen(f"{k.ready_prefix}{level}:{name}")
+        lengths = iter(pipe.execute())
+    priorities: list[dict[str, Any]] = []
+    top = Counter[str]()
+    for level, names, ring_len in shown:
+        counted = sorted(((name or "(none)", int(next(lengths))) for name in names),
+                         key=lambda pair: -pair[1])
+        top.update(dict(counted))
+        rows = [{"tenant": tenant, "ready": n} for tenant, n in counted]
+        priorities.append({"priority": int(level), "tenants": rows,
+                           "ready": sum(n for _, n in counted),
+                           "tenant_count": ring_len, "hidden": max(0, ring_len - len(rows))})
+    top_rows = [{"tenant": t, "ready": n} for t, n in top.most_common(TOP_TENANTS)]
+    return {"priorities": priorities, "top_tenants": top_rows}
+
+
+def info_dict(info: JobInfo) -> dict[str, Any]:
+    """A job record as JSON-ready values (the result is kept as decoded)."""
+    out = {name: getattr(info, name) for name in info.__dataclass_fields__}
+    out["state"] = info.state.value
+    return out
+
+
+def list_jobs(app: Conveyor, queue: str, state: str, offset: int = 0,
+              limit: int = 50) -> dict[str, Any]:
+    """One page of the scheduled (soonest first), active or dead (newest first) jobs.
+
+    :raises KeyError: ``state`` is not scheduled, active or dead
+    """
+    k = app.keys(queue)
+    key = getattr(k, LISTS[state])
+    newest_first = state == "dead"
+    with app.redis.pipeline(transaction=False) as pipe:
+        pipe.zcard(key).zrange(key, offset, offset + limit - 1, desc=newest_first,
+                               withscores=True)
+        total, members = pipe.execute()
+    ids = [(_text(m), float(score)) for m, score in members]
+    with app.redis.pipeline(transaction=False) as pipe:
+        for short, _ in ids:
+            pipe.hgetall(k.job(short))
+        records = pipe.execute()
+    jobs = []
+    for (short, score), record in zip(ids, records, strict=True):
+        if not record:  # expired or removed between the two reads
+            continue
+        row = info_dict(JobInfo.from_record(app, queue, short, record))
+        row["due"] = score / 1000  # run time, lease deadline or death, epoch s
+        jobs.append(row)
+    return {"queue": queue, "state": state, "total": int(total), "offset": offset,
+            "limit": limit, "jobs": jobs}
+
+
+def job_detail(app: Conveyor, job_id: str) -> dict[str, Any]:
+    """A job's record with its decoded arguments.
+
+    :raises JobNotFound: no such job (or its record expired)
+    :raises ValueError: not a job id
+    """
+    job = app.job(job_id)
+    info = job.info()
+    out = info_dict(info)
+    raw = app.redis.hget(app.keys(job.queue).job(job.short_id), "args")
+    try:
+        args, kwargs = app.codec.decode_args(raw or b"")
+        out["args"], out["kwargs"] = args, kwargs
+    except EncodingError as exc:
+        out["args"], out["kwargs"] = f"<undecodable arguments: {exc}>", {}
+    return out
+
+
+def workers(app: Conveyor, now: float) -> list[dict[str, Any]]:
+    """Workers that heartbeated into the registry lately, most recent first."""
+    key = keyspace.workers_key(app.namespace)
+    entries = app.redis.zrange(key, "+inf", (now - STALE_AFTER) * 1000, desc=True,
+                               byscore=True, withscores=True)
+    with app.redis.pipeline(transaction=False) as pipe:
+        for member, _ in entries:
+            pipe.hgetall(keyspace.worker_key(app.namespace, _text(member)))
+        records = pipe.execute()
+    rows = []
+    for (member, score), record in zip(entries, records, strict=True):
+        if not record:  # its hash expired: the worker is gone
+            continue
+        fields = {_text(f): _text(v) for f, v in record.items()}
+        row: dict[str, Any] = {"id": _text(member), "last_seen": score / 1000,
+                               "age": max(0.0, now - score / 1000), "fields": fields}
+        for name in ("host", "pid", "queues", "concurrency", "jobs", "started_at"):
+            row[name] = fields.get(name)
+        row["queues"] = _queue_list(row["queues"])
+        rows.append(row)
+    return rows
+
+
+def _queue_list(raw: str | None) -> str:
+    """The registry's queue list (JSON or comma-separated) as "a, b"."""
+    if raw and raw.startswith("["):
+        try:
+            return ", ".join(str(q) for q in json.loads(raw))
+        except ValueError:
+            pass
+    return raw or ""
+
+
+def schedules(app: Conveyor, now: float) -> list[dict[str, Any]]:
+    """Periodic jobs with their cron, next fire (UTC) and last fired tick when recorded."""
+    from croniter import croniter
+
+    periodics = list(app.periodics)
+    with app.redis.pipeline(transaction=False) as pipe:
+        for periodic in periodics:
+            pipe.get(app.keys(periodic.task.queue).schedule_prefix + periodic.task.name)
+        lasts = pipe.execute()
+    start = dt.datetime.fromtimestamp(now, dt.UTC)
+    rows = []
+    for periodic, last in zip(periodics, lasts, strict=True):
+        try:
+            next_fire: float | None = float(croniter(periodic.cron, start).get_next(float))
+        except (ValueError, KeyError):
+            next_fire = None
+        last_fire = None
+        if last is not None:
+            try:
+                value = float(_text(last))
+                last_fire = value / 1000 if value > 1e11 else value  # ms or s
+            except ValueError:
+                last_fire = None
+        rows.append({"task": periodic.task.name, "queue": periodic.task.queue,
+                     "cron": periodic.cron, "next": next_fire, "last": last_fire})
+    return rows

@@ -1,0 +1,283 @@
+"""The dashboard through its ASGI app against a real Redis: pages, JSON API, actions and
+their protections (auth, CSRF, escaping)."""
+
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+with warnings.catch_warnings():  # starlette nudges towards httpx2; httpx is what we have
+    warnings.filterwarnings("ignore", "Using `httpx`")
+    from starlette.testclient import TestClient
+
+import conveyor
+from conveyor.web import create_app, series
+from helpers import env_with_src, free_port, wait_until
+
+XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned=1">'
+
+
+@pytest.fixture
+def client(app: conveyor.Conveyor) -> Iterator[TestClient]:
+    with TestClient(create_app(app), follow_redirects=False) as c:
+        yield c
+
+
+def csrf_of(client: TestClient, path: str = "/") -> str:
+    page = client.get(path)
+    match = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+    assert match, "no CSRF token on the page"
+    return match.group(1)
+
+
+def make_dead(app: conveyor.Conveyor, queue: str = "mail", n: int = 1,
+              message: str = "relay said no") -> list[conveyor.Job]:
+    @app.task(name="mail.bounce", queue=queue, retries=0)
+    def bounce(i: int) -> None:
+        raise RuntimeError(message)
+
+    jobs = bounce.enqueue_many([(i,) for i in range(n)])
+    app.worker(queues=[queue], concurrency=4).run(burst=True)
+    assert all(j.info().state == conveyor.JobState.DEAD for j in jobs)
+    return jobs
+
+
+def test_overview_api_counts_each_queue(app: conveyor.Conveyor, client: TestClient) -> None:
+    @app.task(name="reports.build", queue="reports")
+    def build(i: int) -> int:
+        return i
+
+    build.enqueue_many([(i,) for i in range(7)])
+    build.options(delay=600).enqueue_many([(i,) for i in range(3)])
+    data = client.get("/api/overview").json()
+    row = next(q for q in data["queues"] if q["name"] == "reports")
+    assert (row["ready"], row["scheduled"], row["active"], row["dead"]) == (7, 3, 0, 0)
+    assert data["totals"]["ready"] == 7
+    app.worker(queues=["reports"]).run(burst=True)
+    row = next(q for q in client.get("/api/overview").json()["queues"]
+               if q["name"] == "reports")
+    assert row["ready"] == 0 and row["throughput"] > 0
+    assert sum(row["spark"]["processed"]) > 0
+
+
+def test_every_page_renders(app: conveyor.Conveyor, client: TestClient) -> None:
+    jobs = make_dead(app)
+
+    @app.periodic("*/5 * * * *", queue="mail", name="mail.digest")
+    def digest() -> None: ...
+
+    for path in ("/", "/queues/mail", "/tasks", "/jobs", "/workers", "/schedules",
+                 "/queues/mail/jobs?state=dead", "/queues/mail/jobs?state=scheduled",
+                 f"/jobs/{jobs[0].id}", "/static/vendor/uplot/uPlot.iife.min.js"):
+        response = client.get(path)
+        assert response.status_code == 200, path
+    assert "*/5 * * * *" in client.get("/schedules").text
+    assert client.get("/jobs/mail~nope").status_code == 404
+    lookup = client.get("/jobs", params={"id": jobs[0].id})
+    assert lookup.status_code == 303 and lookup.headers["location"].endswith(jobs[0].id)
+
+
+def test_queue_api_shows_tenants_per_priority(app: conveyor.Conveyor,
+                                              client: TestClient) -> None:
+    @app.task(name="news.batch", queue="news")
+    def batch(i: int) -> None: ...
+
+    batch.options(tenant="acme", priority=5).enqueue_many([(i,) for i in range(30)])
+    batch.options(tenant="globex", priority=5).enqueue_many([(i,) for i in range(4)])
+    batch.options(tenant="acme", priority=9).enqueue(1)
+    data = client.get("/api/queues/news").json()
+    levels = {p["priority"]: p for p in data["priorities"]}
+    assert levels[9]["tenants"] == [{"tenant": "acme", "ready": 1}]
+    assert levels[5]["tenants"] == [{"tenant": "acme", "ready": 30},
+                                    {"tenant": "globex", "ready": 4}]
+    assert data["top_tenants"][0] == {"tenant": "acme", "ready": 31}
+    assert data["backlog"]["ready"] == 35
+
+
+def test_task_types_and_series(app: conveyor.Conveyor, client: TestClient) -> None:
+    @app.task(name="img.resize", queue="img", idle_threshold=3600)
+    def resize(i: int) -> int:
+        return i
+
+    @app.task(name="img.never", queue="img")
+    def never() -> None: ...
+
+    resize.enqueue_many([(i,) for i in range(20)])
+    app.worker(queues=["img"]).run(burst=True)
+    tasks = {t["name"]: t for t in client.get("/api/tasks").json()["tasks"]}
+    assert tasks["img.resize"]["succeeded"] == 20 and not tasks["img.resize"]["idle"]
+    assert tasks["img.resize"]["run"]["p95"] is not None
+    assert tasks["img.never"]["idle"] and tasks["img.never"]["idle_since"] is None
+    s = client.get("/api/queues/img/series", params={"window": 300}).json()
+    assert s["window"] == 300 and len(s["t"]) == len(s["processed"]) == len(s["wait_p95"])
+    assert sum(s["processed"]) * s["step"] == pytest.approx(20)
+
+
+def test_percentile_reads_the_upper_bin_edge() -> None:
+    bins = {0: 1, 10: 97, 50: 2}
+    assert series.percentile(bins, 1) == 1e-6
+    assert series.percentile(bins, 50) == pytest.approx(1e-6 * 1.1**10)
+    assert series.percentile(bins, 99) == pytest.approx(1e-6 * 1.1**50)
+    assert series.percentile({}, 50) is None
+
+
+def test_job_lists_page(app: conveyor.Conveyor, client: TestClient) -> None:
+    @app.task(name="later.run", queue="later")
+    def run(i: int) -> None: ...
+
+    run.options(delay=3600).enqueue_many([(i,) for i in range(60)])
+    first = client.get("/api/queues/later/jobs", params={"state": "scheduled"}).json()
+    second = client.get("/api/queues/later/jobs",
+                        params={"state": "scheduled", "offset": 50}).json()
+    assert first["total"] == 60 and len(first["jobs"]) == 50 and len(second["jobs"]) == 10
+    assert not {j["id"] for j in first["jobs"]} & {j["id"] for j in second["jobs"]}
+    assert "page 2 of 2" in client.get("/queues/later/jobs?state=scheduled&page=2").text
+    bad = client.get("/api/queues/later/jobs", params={"state": "everything"})
+    assert bad.status_code == 400
+
+
+def test_escapes_job_error_and_arguments(app: conveyor.Conveyor, client: TestClient) -> None:
+    (job,) = make_dead(app, message=XSS)
+    for path in (f"/jobs/{job.id}", "/queues/mail/jobs?state=dead"):
+        html = client.get(path).text
+        assert "<script>window" not in html and "<img src=x" not in html
+        assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in html
+    assert XSS in client.get(f"/api/jobs/{job.id}").json()["error"]
+    csp = client.get("/").headers["content-security-policy"]
+    directives = dict(d.strip().split(" ", 1) for d in csp.split(";"))
+    assert directives["script-src"] == "'self'"  # no inline script runs, even if injected
+
+
+def test_actions_need_token_and_same_origin(app: conveyor.Conveyor, client: TestClient) -> None:
+    make_dead(app)
+    token = csrf_of(client, "/queues/mail")
+    same = {"origin": "http://testserver"}
+    form = {"queue": "mail", "next": "/queues/mail"}
+    refused = [
+        client.post("/actions/pause", data=form, headers=same),  # no token
+        client.post("/actions/pause", data=form | {"csrf": "0" * 64}, headers=same),
+        client.post("/actions/pause", data=form | {"csrf": token},
+                    headers={"origin": "http://evil.example"}),
+        client.post("/actions/pause", data=form | {"csrf": token},
+                    headers={"referer": "http://evil.example/x"}),
+        client.post("/actions/pause", data=form | {"csrf": token}),  # neither header
+    ]
+    assert [r.status_code for r in refused] == [403] * 5
+    assert not app.is_paused("mail")
+    other = TestClient(create_app(app))  # another browser: its cookie, not this token
+    other.get("/")
+    assert other.post("/actions/pause", data=form | {"csrf": token},
+                      headers=same).status_code == 403
+    done = client.post("/actions/pause", data=form | {"csrf": token}, headers=same)
+    assert done.status_code == 303 and app.is_paused("mail")
+    assert done.headers["location"] == "/queues/mail?done=paused&n=1"
+    assert "the queue accepts jobs but hands none out" in client.get(done.headers["location"]).text
+    assert client.get("/actions/pause").status_code == 405
+
+
+def test_api_never_changes_state(app: conveyor.Conveyor, client: TestClient) -> None:
+    make_dead(app)
+    for path in ("/api/overview", "/api/queues/mail", "/api/queues/mail/jobs"):
+        assert client.post(path).status_code == 405
+        assert client.delete(path).status_code == 405
+    assert len(app.dead_letters("mail")) == 1
+
+
+def test_requeue_purge_cancel_resume(app: conveyor.Conveyor, client: TestClient) -> None:
+    jobs = make_dead(app, n=3)
+    token = csrf_of(client, "/queues/mail")
+    post = lambda action, **form: client.post(  # noqa: E731
+        f"/actions/{action}", data={"csrf": token, "next": "/x?a=1", **form},
+        headers={"origin": "http://testserver"})
+    one = post("requeue", queue="mail", job_id=jobs[0].id)
+    assert one.headers["location"] == "/x?a=1&done=requeued&n=1"
+    assert jobs[0].info().state == conveyor.JobState.READY
+    assert post("purge", queue="mail").headers["location"].endswith("done=purged&n=2")
+    assert len(app.dead_letters("mail")) == 0
+
+    @app.task(name="mail.later", queue="mail")
+    def later() -> None: ...
+
+    job = later.options(delay=600).enqueue()
+    assert post("cancel", job_id=job.id).headers["location"].endswith("done=cancelled&n=1")
+    assert job.info().state == conveyor.JobState.CANCELLED
+    assert post("cancel", job_id=job.id).headers["location"].endswith("done=not-cancelled&n=0")
+    app.pause("mail")
+    assert post("resume", queue="mail").status_code == 303 and not app.is_paused("mail")
+    assert post("pause").headers["location"].endswith("done=bad-request&n=0")
+    # Only local paths are followed after an action: no open redirect.
+    away = client.post("/actions/resume", data={"csrf": token, "queue": "mail",
+                                                "next": "//evil.example/"},
+                       headers={"origin": "http://testserver"})
+    assert away.headers["location"].startswith("/?done=resumed")
+
+
+def test_token_auth(app: conveyor.Conveyor) -> None:
+    client = TestClient(create_app(app, token="s3cret"), follow_redirects=False)
+    assert client.get("/").status_code == 401
+    assert client.get("/api/overview").status_code == 401
+    assert client.get("/", headers={"authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/api/overview",
+                      headers={"authorization": "Bearer s3cret"}).status_code == 200
+    swap = client.get("/tasks?token=s3cret&window=300")
+    assert swap.status_code == 303 and "token" not in swap.headers["location"]
+    assert client.get("/tasks").status_code == 200  # the cookie now carries it
+
+
+def test_basic_auth(app: conveyor.Conveyor) -> None:
+    client = TestClient(create_app(app, username="ops", password="pa:ss"))
+    refused = client.get("/")
+    assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic")
+    assert client.get("/", auth=("ops", "wrong")).status_code == 401
+    assert client.get("/", auth=("ops", "pa:ss")).status_code == 200
+    garbage = {"authorization": "Basic " + base64.b64encode(b"\xff\xfe").decode()}
+    assert client.get("/", headers=garbage).status_code == 401
+    with pytest.raises(ValueError):
+        create_app(app, username="ops")
+
+
+def test_mounted_under_a_prefix(app: conveyor.Conveyor) -> None:
+    make_dead(app)
+    outer = Starlette(routes=[Mount("/ops", app=create_app(app))])
+    client = TestClient(outer, follow_redirects=False)
+    page = client.get("/ops/queues/mail")
+    assert page.status_code == 200
+    assert 'href="/ops/static/app.css"' in page.text and 'action="/ops/actions/pause"' in page.text
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text).group(1)  # type: ignore[union-attr]
+    done = client.post("/ops/actions/pause", data={"csrf": token, "queue": "mail",
+                                                   "next": "/ops/queues/mail"},
+                       headers={"origin": "http://testserver"})
+    assert done.headers["location"].startswith("/ops/queues/mail?done=paused")
+    assert client.get("/ops/api/queues/mail").json()["backlog"]["paused"] is True
+
+
+@pytest.mark.slow
+def test_cli_serves_the_dashboard(app: conveyor.Conveyor, tmp_path: object) -> None:
+    port = free_port()
+    env = env_with_src() | {"CONVEYOR_REDIS_URL": app.url}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from conveyor.cli import main; main()", "dashboard",
+         "conveyor.demo:app", "--port", str(port), "--token", "t0k"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def answers() -> int:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/api/overview",
+                                 headers={"authorization": "Bearer t0k"}).status_code
+            except httpx.TransportError:
+                return 0
+
+        assert wait_until(answers, 20, 0.1, "dashboard to answer") == 200
+        assert httpx.get(f"http://127.0.0.1:{port}/").status_code == 401
+    finally:
+        proc.terminate()
+        proc.wait(10)
