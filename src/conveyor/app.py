@@ -21,6 +21,7 @@ from .scripts import AsyncScriptRunner, ScriptRunner, calls
 from .task import Task
 
 if TYPE_CHECKING:
+    from .alerts import Webhook
     from .deadletters import DeadLetters
     from .monitor import Monitor
     from .schedule import Periodic
@@ -40,7 +41,8 @@ class Conveyor:
     :param encoding: ``"json"`` (default) or ``"msgpack"`` for arguments and results
     :param max_payload: largest encoded argument payload accepted, in bytes (default 1 MiB)
     :param limits: retention, dead-letter cap and other bounds on Redis memory
-    :param alert_webhook: URL that receives a Slack-compatible message when jobs go dead
+    :param alert_webhook: URL (or :class:`~conveyor.alerts.Webhook`) that receives a
+        Slack-compatible message when jobs go dead, batched and rate-limited
     """
 
     def __init__(
@@ -51,7 +53,7 @@ class Conveyor:
         encoding: Format = "json",
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         limits: calls.Limits | None = None,
-        alert_webhook: str | None = None,
+        alert_webhook: str | Webhook | None = None,
     ) -> None:
         self.url = url or os.environ.get("CONVEYOR_REDIS_URL") or DEFAULT_URL
         if not namespace or any(c in namespace for c in "{}"):

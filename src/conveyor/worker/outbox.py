@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
+from ..alerts import alerter_for
 from ..job import JobInfo
 from ..scripts import calls
 
@@ -35,6 +36,7 @@ class Outbox:
         self._idle = asyncio.Event()
         self._idle.set()
         self.refused = 0
+        self.alerter = alerter_for(app.alert_webhook)  # dead jobs -> webhook
         self.dead: list[JobInfo] = []
 
     def add(self, queue: str, outcome: calls.Outcome) -> None:
@@ -90,7 +92,7 @@ class Outbox:
 
     def notify_dead(self, queue: str, short_ids: list[str]) -> None:
         """Call the app's dead hooks for these jobs (in the background)."""
-        if self.app.dead_hooks:
+        if self.app.dead_hooks or self.alerter is not None:
             asyncio.get_running_loop().create_task(self._call_hooks(queue, short_ids))
 
     async def _call_hooks(self, queue: str, short_ids: list[str]) -> None:
@@ -101,6 +103,8 @@ class Outbox:
             if not record:
                 continue
             info = JobInfo.from_record(self.app, queue, short, record)
+            if self.alerter is not None:
+                self.alerter.add(info)
             for hook in self.app.dead_hooks:
                 try:
                     result = hook(info)
@@ -111,6 +115,8 @@ class Outbox:
 
     async def flush_all(self, timeout: float = 10.0) -> None:
         """Wait until everything pending is recorded (or ``timeout`` passes)."""
+        if self.alerter is not None:
+            await self.alerter.flush()
         if not self.pending:
             return
         self._ready.set()
