@@ -177,19 +177,27 @@ class Conveyor:
         return register(fn) if fn is not None else register
 
     def periodic(
-        self, cron: str, *, queue: str = "default", name: str | None = None, **task_options: Any
+        self,
+        cron: str,
+        *,
+        queue: str = "default",
+        name: str | None = None,
+        catch_up: bool = False,
+        **task_options: Any,
     ) -> Callable[[F], Task[Any, Any]]:
         """Register a task that fires on a cron schedule (UTC), once per tick across workers.
 
         :param cron: five fields (minute precision) or six (the first is seconds)
         :param queue: queue the fired jobs go to
         :param name: task name (default ``module.function``)
+        :param catch_up: after an outage fire every missed tick, not just the latest
+        :param task_options: other :meth:`task` settings (retries, timeout, ...)
         """
         from .schedule import Periodic
 
         def register(func: F) -> Task[Any, Any]:
             task: Task[Any, Any] = self.task(name=name, queue=queue, **task_options)(func)
-            self.periodics.append(Periodic(task=task, cron=cron))
+            self.periodics.append(Periodic(task=task, cron=cron, catch_up=catch_up))
             return task
 
         return register

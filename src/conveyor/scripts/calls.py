@@ -16,7 +16,7 @@ from . import Arg, ScriptCall
 
 KEYS: dict[str, tuple[str, ...]] = {
     "enqueue": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "counts",
-                "dedupe_prefix", "wake", "metrics_prefix"),
+                "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix"),
     "fetch": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "leases",
               "dead", "counts", "active", "seq", "dedupe_prefix", "events", "metrics_prefix",
               "wake", "paused"),
@@ -31,7 +31,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "purge_dead": ("job_prefix", "dead"),
 }
 ARGV: dict[str, tuple[str, ...]] = {
-    "enqueue": ("now", "bucket_seconds", "bucket_ttl", "count"),
+    "enqueue": ("now", "bucket_seconds", "bucket_ttl", "claim", "claim_tick", "claim_mode",
+                "count"),
     "fetch": ("now", "count", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl"),
     "finish": ("now", "retention", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
                "count"),
@@ -97,11 +98,30 @@ def _parse_enqueue(reply: list[Any]) -> list[tuple[str, bool]]:
     return [(_text(reply[i]), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Store jobs only as the first to claim ``tick_ms`` of periodic ``name``.
+
+    :param only_if_seen: on a periodic's first claim ever, record the tick without firing
+    """
+
+    name: str
+    tick_ms: int
+    only_if_seen: bool = False
+
+
 def enqueue(
-    k: QueueKeys, jobs: Sequence[NewJob], limits: Limits, now: float | None = None
+    k: QueueKeys, jobs: Sequence[NewJob], limits: Limits, now: float | None = None,
+    claim: Claim | None = None,
 ) -> ScriptCall[list[tuple[str, bool]]]:
-    """Store ``jobs``; the reply pairs each with (short id, created)."""
-    args: list[Arg] = [_now(now), limits.bucket_seconds, limits.bucket_ttl, len(jobs)]
+    """Store ``jobs``; the reply pairs each with (short id, created), or is empty when
+    ``claim`` was already taken."""
+    args: list[Arg] = [_now(now), limits.bucket_seconds, limits.bucket_ttl]
+    if claim is None:
+        args += ["", "", "fire"]
+    else:
+        args += [claim.name, claim.tick_ms, "seen" if claim.only_if_seen else "fire"]
+    args.append(len(jobs))
     for job in jobs:
         args.extend(job.fields())
     return _call("enqueue", k, args, _parse_enqueue)

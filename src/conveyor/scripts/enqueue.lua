@@ -10,23 +10,31 @@
 -- KEYS[7] dedupe_prefix   dedupe keys: dedupe_prefix .. key -> short id
 -- KEYS[8] wake            wake marker list
 -- KEYS[9] metrics_prefix  metric buckets
+-- KEYS[10] schedule_prefix last fired tick per periodic: schedule_prefix .. name -> ms
 -- ARGV[1] now             '' for the server clock (ms override, tests only)
 -- ARGV[2] bucket_seconds  width of a metric bucket
 -- ARGV[3] bucket_ttl      lifetime of a metric bucket (s)
--- ARGV[4] count           number of jobs that follow, 10 fields each:
+-- ARGV[4] claim           '' or a periodic's name: store the jobs only if this call is the
+--                         first to claim tick `claim_tick` of it (exactly once per tick)
+-- ARGV[5] claim_tick      the tick (ms) being claimed
+-- ARGV[6] claim_mode      'fire', or 'seen': only fire if the periodic has fired before
+--                         (a first start records the tick instead of firing for the past)
+-- ARGV[7] count           number of jobs that follow, 10 fields each:
 --         id, task, args, priority (0-9), tenant, delay_ms ('' = none),
 --         at_ms ('' = none), max_attempts, key ('' = none), visibility_ms (lease length)
--- Returns: flat list, per job: short id (an existing one when its key is held), created 0|1
+-- Returns: flat list, per job: short id (an existing one when its key is held), created 0|1;
+--          empty when a claim was already taken
 --@include clock
 --@include ready
 --@include metrics
 
 local job_prefix, ready_prefix, ring_prefix = KEYS[1], KEYS[2], KEYS[3]
 local priorities, delayed, counts = KEYS[4], KEYS[5], KEYS[6]
-local dedupe_prefix, wake, metrics_prefix = KEYS[7], KEYS[8], KEYS[9]
+local dedupe_prefix, wake, metrics_prefix, schedule_prefix = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local bucket_seconds, bucket_ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
-local n_jobs = tonumber(ARGV[4])
-local FIELDS, FIRST = 10, 5
+local claim, claim_tick, claim_mode = ARGV[4], tonumber(ARGV[5]), ARGV[6]
+local n_jobs = tonumber(ARGV[7])
+local FIELDS, FIRST = 10, 8
 
 -- Validate everything before the first write: a script is never half-applied.
 if not n_jobs or #ARGV ~= FIRST - 1 + n_jobs * FIELDS then
@@ -48,6 +56,14 @@ for i = 0, n_jobs - 1 do
   if not tonumber(ARGV[base + 9]) or tonumber(ARGV[base + 9]) <= 0 then
     return redis.error_reply('ERR enqueue: visibility_ms must be > 0')
   end
+end
+
+if claim ~= '' then
+  if not claim_tick then return redis.error_reply('ERR enqueue: claim_tick must be a number') end
+  local last = tonumber(redis.call('GET', schedule_prefix .. claim))
+  if last and last >= claim_tick then return {} end
+  redis.call('SET', schedule_prefix .. claim, string.format('%d', claim_tick))
+  if not last and claim_mode == 'seen' then return {} end
 end
 
 local now = now_ms(ARGV[1])
@@ -75,6 +91,7 @@ for i = 0, n_jobs - 1 do
     redis.call('HSET', job_prefix .. id, 'task', task, 'args', args, 'state', state,
       'priority', priority, 'tenant', tenant, 'attempts', 0, 'max_attempts', ARGV[base + 7],
       'enqueued_at', now_s, 'run_at', seconds(due), 'vt', ARGV[base + 9], 'key', key)
+    if claim ~= '' then redis.call('HSET', job_prefix .. id, 'tick', seconds(claim_tick)) end
     if key ~= '' then redis.call('SET', dedupe_prefix .. key, id) end
     if state == 'scheduled' then
       redis.call('ZADD', delayed, due, id)

@@ -37,16 +37,21 @@ class Outbox:
         self._idle.set()
         self.refused = 0
         self.alerter = alerter_for(app.alert_webhook)  # dead jobs -> webhook
-        self.dead: list[JobInfo] = []
+        self._closed = False
 
     def add(self, queue: str, outcome: calls.Outcome) -> None:
         self.pending.setdefault(queue, []).append(outcome)
         self._idle.clear()
         self._ready.set()
 
+    def close(self) -> None:
+        """Let :meth:`run` return once nothing is pending (or at its next wake-up)."""
+        self._closed = True
+        self._ready.set()
+
     async def run(self) -> None:
         failures = 0
-        while True:
+        while not self._closed:
             await self._ready.wait()
             self._ready.clear()
             try:
