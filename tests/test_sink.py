@@ -1,0 +1,221 @@
+"""The analytics sink: events stream -> SQL, exactly one row per attempt, outages survived."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+import conveyor
+from conveyor.sink import Sink
+from conveyor.sink.report import parse_since, report
+from conveyor.sink.schema import row_from_event
+from helpers import running_worker, wait_until
+
+PG_HOST, PG_PORT = "127.0.0.1", 5432
+PG_URL = "postgresql+psycopg://postgres@{host}:{port}/test"
+
+
+def postgres_up() -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((PG_HOST, PG_PORT), 1):
+        return True
+    return False
+
+
+class Proxy:
+    """A TCP relay in front of PostgreSQL that can be cut and restored on the same port."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.port = 0
+        self.conns: list[socket.socket] = []
+        self.listener: socket.socket | None = None
+        self.lock = threading.Lock()
+        self.up()
+
+    def up(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        self.port = listener.getsockname()[1]
+        listener.listen(16)
+        self.listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        """Refuse new connections and break every open one, as a dead server would."""
+        with self.lock:
+            listener, self.listener = self.listener, None
+            conns, self.conns = self.conns, []
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+            listener.close()
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            with self.lock:
+                self.conns += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture
+def table_name() -> str:
+    return f"jobs_{uuid.uuid4().hex[:10]}"
+
+
+def make_tasks(app: conveyor.Conveyor) -> dict[str, conveyor.Task]:  # type: ignore[type-arg]
+    failed_once: set[int] = set()
+
+    @app.task(name="ok")
+    def ok(n: int) -> int:
+        return n
+
+    @app.task(name="flaky", retries=2, backoff=0.01)
+    def flaky(n: int) -> int:
+        if n not in failed_once:
+            failed_once.add(n)
+            raise RuntimeError("first attempt fails")
+        return n
+
+    @app.task(name="doomed", retries=0, queue="other")
+    def doomed(n: int) -> None:
+        raise RuntimeError("never works")
+
+    return {"ok": ok, "flaky": flaky, "doomed": doomed}
+
+
+def run_jobs(app: conveyor.Conveyor, jobs: list[conveyor.Job]) -> None:
+    with running_worker(app, concurrency=16):
+        wait_until(lambda: all(j.info().state.finished for j in jobs), 30, 0.05, "jobs done")
+
+
+def count_rows(engine: sa.Engine, table: str) -> tuple[int, int]:
+    with engine.connect() as conn:
+        total = conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()
+        distinct = conn.execute(sa.text(
+            f"SELECT count(*) FROM (SELECT DISTINCT job_id, attempt FROM {table}) d")).scalar_one()
+    return int(total), int(distinct)
+
+
+def test_sqlite_sink_writes_one_row_per_attempt_and_replays_insert_nothing(
+    app: conveyor.Conveyor, tmp_path: Path, table_name: str
+) -> None:
+    tasks = make_tasks(app)
+    jobs = (tasks["ok"].enqueue_many([(n,) for n in range(20)])
+            + tasks["flaky"].enqueue_many([(n,) for n in range(5)])
+            + tasks["doomed"].enqueue_many([(n,) for n in range(3)]))
+    run_jobs(app, jobs)
+    db = f"sqlite:///{tmp_path / 'jobs.db'}"
+    sink = Sink(app, db, table=table_name, consumer="c1")
+    assert sink.run(until_idle=True) == 20 + 5 + 3  # one event per finished job
+    assert count_rows(sink.engine, table_name) == (28, 28)
+    assert sink.lag() == {"default": 0, "other": 0}
+    # Replay every event from the start of the streams: nothing is inserted twice.
+    for queue in ("default", "other"):
+        app.redis.xgroup_setid(app.keys(queue).events, sink.group, "0")
+    assert sink.run(until_idle=True) == 28
+    assert count_rows(sink.engine, table_name) == (28, 28)
+    rows = {r.task: r for r in report(sink.engine, sink.table)}
+    assert (rows["ok"].jobs, rows["ok"].succeeded, rows["ok"].retries) == (20, 20, 0)
+    assert (rows["flaky"].jobs, rows["flaky"].retries, rows["flaky"].succeeded) == (5, 5, 5)
+    assert rows["doomed"].dead == 3 and rows["ok"].run_p95 is not None
+    info = jobs[0].info()
+    with sink.engine.connect() as conn:
+        row = conn.execute(sa.select(sink.table).where(sink.table.c.job_id == info.id)).one()
+    assert row.wait_time == pytest.approx(info.wait_time) and row.state == "succeeded"
+    assert report(sink.engine, sink.table, since=info.finished_at + 3600) == []
+    sink.close()
+
+
+def test_pending_events_are_picked_up_after_a_crash(
+    app: conveyor.Conveyor, tmp_path: Path, table_name: str
+) -> None:
+    tasks = make_tasks(app)
+    run_jobs(app, tasks["ok"].enqueue_many([(n,) for n in range(30)]))
+    db = f"sqlite:///{tmp_path / 'jobs.db'}"
+    Sink(app, db, table=table_name, queues=["default"])._ensure()
+    events = app.keys("default").events
+    # A sink that read 10 events and died before acknowledging them ...
+    app.redis.xreadgroup("conveyor-sink", "crashed", {events: ">"}, count=10)
+    # ... and one that read 10, committed them and died before acknowledging.
+    read = app.redis.xreadgroup("conveyor-sink", "wrote", {events: ">"}, count=10)
+    writer = Sink(app, db, table=table_name, queues=["default"], consumer="wrote")
+    with writer.engine.begin() as conn:
+        writer._insert_new(conn, [row_from_event("default", i.decode(), f)
+                                  for i, f in read[0][1]])
+    assert writer.step(block=False) == 10  # its own pending first, on restart ...
+    assert count_rows(writer.engine, table_name) == (10, 10)  # ... inserted nothing twice
+    other = Sink(app, db, table=table_name, queues=["default"], consumer="new", claim_idle=0)
+    assert other.run(until_idle=True) == 20  # the crashed consumer's 10, then the last 10
+    assert count_rows(other.engine, table_name) == (30, 30)
+    assert app.redis.xpending(events, "conveyor-sink")["pending"] == 0
+
+
+@pytest.mark.skipif(not postgres_up(), reason="PostgreSQL is not running on 127.0.0.1:5432")
+def test_sink_survives_postgres_unreachable_and_inserts_nothing_twice(
+    app: conveyor.Conveyor, table_name: str
+) -> None:
+    tasks = make_tasks(app)
+    proxy = Proxy((PG_HOST, PG_PORT))
+    direct = sa.create_engine(PG_URL.format(host=PG_HOST, port=PG_PORT))
+    sink = Sink(app, PG_URL.format(host="127.0.0.1", port=proxy.port), table=table_name,
+                queues=["default"], batch=50, block=0.2)
+    thread = threading.Thread(target=sink.run, daemon=True)
+    try:
+        run_jobs(app, tasks["ok"].enqueue_many([(n,) for n in range(100)]))
+        thread.start()
+        wait_until(lambda: sink.written == 100, 30, 0.05, "first 100 rows")
+        proxy.down()
+        run_jobs(app, tasks["ok"].enqueue_many([(n,) for n in range(150)]))
+        wait_until(lambda: sink.failures >= 2, 30, 0.05, "the sink to notice the outage")
+        assert count_rows(direct, table_name) == (100, 100)
+        assert sink.lag()["default"] == 150  # kept in Redis, unacknowledged
+        proxy.up()
+        wait_until(lambda: sink.written == 250, 60, 0.05, "rows after the outage")
+        assert count_rows(direct, table_name) == (250, 250)
+        assert sink.lag()["default"] == 0
+        # A full replay after the outage still inserts nothing twice.
+        app.redis.xgroup_setid(app.keys("default").events, sink.group, "0")
+        wait_until(lambda: sink.written == 500, 60, 0.05, "replayed events")
+        assert count_rows(direct, table_name) == (250, 250)
+    finally:
+        sink.stop()
+        thread.join(30)
+        proxy.down()
+        sink.close()
+        with direct.begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {table_name}"))
+        direct.dispose()
+
+
+def test_parse_since() -> None:
+    assert parse_since("7d", 1_000_000.0) == 1_000_000.0 - 7 * 86400
+    assert parse_since("90s", 100.0) == 10.0
+    assert parse_since("2026-01-01", 0) == 1767225600.0
+    with pytest.raises(ValueError):
+        parse_since("last tuesday", 0)
