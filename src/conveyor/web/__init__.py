@@ -19,7 +19,8 @@ had is ``null``):
     ``{time, totals: {ready, scheduled, active, dead, throughput}, workers: {count,
     capacity}, queues: [{name, paused, ready, scheduled, active, dead, throughput,
     wait_p95, advice: {workers_needed, eta_seconds, reasons} | null, spark: {t,
-    processed, wait_p95}}]}`` — throughput and wait p95 over the last minute, sparklines
+    processed, wait_p95}}], tasks: [{name, queue, active, idle, idle_since, idle_for,
+    threshold}]}`` — throughput and wait p95 over the last minute, sparklines
     over ten minutes.
 ``/api/queues/<queue>?window=900``
     ``{name, time, window, backlog, stats: {enqueued, started, succeeded, failed,

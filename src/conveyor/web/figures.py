@@ -98,7 +98,7 @@ def overview(app: Conveyor) -> dict[str, Any]:
                      "spark": {"t": spark["t"], "processed": spark["processed"],
                                "wait_p95": spark["wait_p95"]}})
     live = queries.workers(app, now)
-    return {"time": now, "queues": rows,
+    return {"time": now, "queues": rows, "tasks": queries.activity(app, names, now),
             "totals": {k: sum(r[k] for r in rows) for k in ("ready", "scheduled", "active",
                                                             "dead")}
             | {"throughput": sum(r["throughput"] for r in rows)},

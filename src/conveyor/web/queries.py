@@ -75,6 +75,29 @@ def tenants(app: Conveyor, queue: str) -> dict[str, Any]:
     return {"priorities": priorities, "top_tenants": top_rows}
 
 
+def activity(app: Conveyor, queues: list[str], now: float) -> list[dict[str, Any]]:
+    """Per task type: jobs running now, last finish, and whether it is idle."""
+    with app.redis.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            pipe.hgetall(app.keys(queue).active).hgetall(app.keys(queue).idle)
+        replies = pipe.execute()
+    rows = []
+    for i, queue in enumerate(queues):
+        active = {_text(k): max(0, int(v)) for k, v in replies[2 * i].items()}
+        idle = {_text(k): float(v) for k, v in replies[2 * i + 1].items()}
+        names = set(active) | set(idle) | {t.name for t in app.tasks.values() if t.queue == queue}
+        for name in sorted(names):
+            known = app.tasks.get(name)
+            threshold = known.idle_threshold if known else 300.0
+            since = idle.get(name)
+            running = active.get(name, 0)
+            rows.append({"name": name, "queue": queue, "active": running, "idle_since": since,
+                         "idle_for": None if since is None else max(0.0, now - since),
+                         "threshold": threshold,
+                         "idle": running == 0 and (since is None or now - since >= threshold)})
+    return rows
+
+
 def info_dict(info: JobInfo) -> dict[str, Any]:
     """A job record as JSON-ready values (the result is kept as decoded)."""
     out = {name: getattr(info, name) for name in info.__dataclass_fields__}

@@ -18,7 +18,7 @@
       return (v / 3600).toFixed(1) + " h";
     },
     when: (v) => (v == null ? "-" : new Date(v * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC"),
-    ago: (v) => (v == null ? "never" : fmt.dur(Math.max(0, v)) + " ago"),
+    ago: (v) => (v == null ? "never" : v < 1 ? "just now" : fmt.dur(v) + " ago"),
     text: (v) => (v == null ? "" : String(v)),
   };
   const get = (obj, path) => path.split(".").reduce((o, k) => (o == null ? o : o[k]), obj);
@@ -98,6 +98,13 @@
     return parts.join(" · ") || "n/a";
   }
 
+  function stateBadge(t) {
+    const badge = el("span", { class: "badge " + (t.active ? "s-active" : t.idle ? "s-idle" : "s-recent"),
+      text: t.active ? "running" : t.idle ? "idle" : "recent" });
+    badge.title = `idle after ${fmt.dur(t.threshold)} without a finished job`;
+    return badge;
+  }
+
   const pages = {
     overview() {
       const tbody = document.querySelector("#queues tbody");
@@ -106,7 +113,7 @@
           const k = node.dataset.total;
           if (k === "throughput") node.textContent = fmt.rate(data.totals.throughput);
           else if (k === "workers") node.textContent = fmt.int(data.workers.count);
-          else if (k === "capacity") node.textContent = data.workers.capacity ? `${data.workers.capacity} slots` : "";
+          else if (k === "capacity") node.textContent = data.workers.count ? `· ${data.workers.capacity} slots` : "";
           else node.textContent = fmt.int(data.totals[k]);
         }
         fill(tbody, data.queues.map((q) => {
@@ -120,6 +127,10 @@
             cell(fmt.rate(q.throughput), "n"), cell(fmt.dur(q.wait_p95), "n"),
             cell(spark(q.spark.processed, "rate")), cell(spark(q.spark.wait_p95, "wait")), advice);
         }), "No queue has seen a job yet.", 10);
+        fill(document.querySelector("#activity tbody"), data.tasks.map((t) => el("tr", { "data-task": t.name },
+          cell(t.name, "mono"), cell(link(`/queues/${seg(t.queue)}`, t.queue)), cell(fmt.int(t.active), "n"),
+          cell(stateBadge(t)), cell(t.idle_since == null ? "never" : fmt.ago(t.idle_for)), cell(fmt.dur(t.threshold), "n"))),
+          "No task types yet.", 6);
       });
     },
 
@@ -154,9 +165,7 @@
       const tbody = document.querySelector("#tasks tbody"), win = body.dataset.window;
       poll(() => `/api/tasks?window=${win}`, 3000, (data) => {
         fill(tbody, data.tasks.map((t) => {
-          const state = el("span", { class: "badge " + (t.active ? "s-active" : t.idle ? "s-idle" : "s-recent"),
-            text: t.active ? "running" : t.idle ? "idle" : "recent" });
-          state.title = `idle threshold ${fmt.dur(t.threshold)}`;
+          const state = stateBadge(t);
           return el("tr", { "data-task": t.name }, cell(t.name, "mono"), cell(link(`/queues/${seg(t.queue)}`, t.queue)),
             cell(fmt.int(t.active), "n"), cell(state), cell(t.idle_since == null ? "never" : fmt.ago(t.idle_for)),
             cell(fmt.rate(t.throughput), "n"), cell(fmt.dur(t.wait.p50), "n"), cell(fmt.dur(t.wait.p95), "n"),

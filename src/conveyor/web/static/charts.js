@@ -4,7 +4,7 @@
   const palette = { a: "#2563eb", b: "#f59e0b", c: "#dc2626", d: "#10b981" };
 
   function secondsAxis(u, values) {
-    return values.map((v) => (v == null ? "" : v < 1e-3 ? Math.round(v * 1e6) + "µs" : v < 1 ? +(v * 1e3).toFixed(1) + "ms" : +v.toFixed(2) + "s"));
+    return values.map((v) => (v == null ? "" : v === 0 ? "0" : v < 1e-3 ? Math.round(v * 1e6) + "µs" : v < 1 ? +(v * 1e3).toFixed(1) + "ms" : +v.toFixed(2) + "s"));
   }
 
   function make(target, series, axisValues) {

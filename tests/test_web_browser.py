@@ -1,0 +1,226 @@
+"""The dashboard in a real browser (Debian's Chromium through Playwright) against a real
+Redis with a worker running: live numbers, a requeue by clicking, a refused cross-site
+POST, and an error holding markup that shows as text and never runs."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+import conveyor
+from conveyor.web import create_app
+from helpers import free_port, running_worker, wait_until
+
+CHROMIUM = "/usr/bin/chromium"
+PLACEHOLDER = "\u2013"  # what a figure shows before its first refresh
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+XSS = ('boom <script>window.__pwned = 1; alert(1)</script>'
+       '<img src=x onerror="window.__pwned = 1">')
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.xdist_group("browser"),
+    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
+                       reason=f"{CHROMIUM} is missing (apt-get install chromium)"),
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    tab = context.new_page()
+    tab.set_default_timeout(15_000)
+    dialogs: list[str] = []
+    tab.on("dialog", lambda d: (dialogs.append(d.message), d.accept()))
+    tab.dialogs = dialogs
+    yield tab
+    context.close()
+
+
+@pytest.fixture
+def served(app: conveyor.Conveyor) -> Iterator[str]:
+    """The dashboard of ``app`` served by uvicorn in a thread; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(app), host="127.0.0.1", port=port,
+                                          log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 15, message="uvicorn start")
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(15)
+
+
+def burst(app: conveyor.Conveyor, queues: list[str]) -> None:
+    """Run a burst worker in a thread: Playwright's sync API owns this thread's loop."""
+    thread = threading.Thread(target=lambda: app.worker(queues=queues).run(burst=True))
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def shot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name))
+
+
+def test_overview_numbers_move_while_jobs_flow(app: conveyor.Conveyor, served: str,
+                                               page: Any) -> None:
+    @app.task(name="newsletter.send_batch", queue="newsletter", retries=0)
+    def send_batch(tenant: str, n: int) -> int:
+        time.sleep(0.02)
+        if n % 25 == 0:
+            raise RuntimeError(f"relay rejected batch {n} of {tenant}: 550 mailbox unavailable")
+        return n
+
+    @app.task(name="billing.invoice", queue="billing")
+    def invoice(n: int) -> int:
+        time.sleep(0.01)
+        return n
+
+    tenants = ["acme", "globex", "initech", "umbrella"]
+    send_batch.options(delay=3600).enqueue_many([("acme", 1)] * 5)
+    stop = threading.Event()
+
+    def produce() -> None:  # a steady trickle so the figures keep changing
+        n = 0
+        while not stop.is_set() and n < 4000:
+            for t in tenants:
+                send_batch.options(tenant=t, priority=5 + n % 3).enqueue(t, n)
+            invoice.enqueue(n)
+            n += 1
+            stop.wait(0.03)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    try:
+        with running_worker(app, queues=["newsletter", "billing"], concurrency=4):
+            page.goto(served + "/")
+            row = page.locator('#queues tr[data-queue="newsletter"]')
+            row.wait_for()
+            assert page.locator('#queues tr[data-queue="billing"]').count() == 1
+            ready = row.locator("td").nth(1)
+            first = ready.inner_text()
+            wait_until(lambda: ready.inner_text() != first, 15, 0.1,
+                       "the ready count to change without a reload")
+            throughput = page.locator('[data-total="throughput"]')
+            wait_until(lambda: throughput.inner_text() not in (PLACEHOLDER, "0.00"), 20, 0.2,
+                       "a non-zero throughput")
+            assert page.locator('[data-total="scheduled"]').inner_text() != PLACEHOLDER
+            assert row.locator("svg.spark").count() == 2
+            page.locator('#activity tr[data-task="billing.invoice"]').wait_for()
+            shot(page, "overview.png")
+
+            page.goto(served + "/queues/newsletter")
+            page.locator("#tenants tbody tr td").first.wait_for()
+            page.locator("#chart-rate .uplot").wait_for()
+            wait_until(lambda: page.locator('[data-f="stats.throughput"]').inner_text()
+                       not in (PLACEHOLDER, "n/a"), 15, 0.2, "queue throughput")
+            with page.expect_response(lambda r: "/series" in r.url):
+                pass  # one more chart refresh lands before the picture
+            shot(page, "queue.png")
+    finally:
+        stop.set()
+        producer.join(10)
+
+
+def test_requeue_a_dead_job_by_clicking(app: conveyor.Conveyor, served: str,
+                                        page: Any) -> None:
+    healed = threading.Event()
+
+    @app.task(name="mail.deliver", queue="mail", retries=0)
+    def deliver(to: str) -> str:
+        if not healed.is_set():
+            raise RuntimeError("550 mailbox unavailable")
+        return f"delivered to {to}"
+
+    job = deliver.enqueue("ops@example.com")
+    with running_worker(app, queues=["mail"], concurrency=2):
+        wait_until(lambda: job.info().state == conveyor.JobState.DEAD, 15,
+                   message="the job to go dead")
+        healed.set()
+        page.goto(served + "/queues/mail/jobs?state=dead")
+        row = page.locator("#jobs tbody tr", has_text=job.id)
+        assert "550 mailbox unavailable" in row.inner_text()
+        row.locator('button[data-action="requeue"]').click()
+        page.locator(".notice.ok").wait_for()
+        assert page.locator(".notice.ok").inner_text() == "Requeued 1 dead job(s)."
+        assert page.dialogs and job.id in page.dialogs[-1]  # it asked before acting
+        page.goto(f"{served}/jobs/{job.id}")
+        badge = page.locator('[data-f="state"]')
+        wait_until(lambda: badge.inner_text() == "succeeded", 15, 0.1,
+                   "the page to show the job succeeded")
+        assert "delivered to ops@example.com" in page.locator("#result").inner_text()
+    assert job.result(timeout=1) == "delivered to ops@example.com"
+
+
+def test_cross_site_post_is_refused(app: conveyor.Conveyor, served: str, page: Any) -> None:
+    @app.task(name="mail.deliver", queue="mail")
+    def deliver() -> None: ...
+
+    deliver.enqueue()
+    page.goto(served + "/queues/mail")  # the victim has the dashboard open: cookie set
+    attack = f"""<html><body><form id=f method=post action="{served}/actions/pause">
+      <input name=queue value=mail><input name=csrf value=guessed></form>
+      <script>document.getElementById('f').submit()</script></body></html>"""
+    page.route("http://attacker.test/**",
+               lambda route: route.fulfill(status=200, content_type="text/html", body=attack))
+    with page.expect_response(f"{served}/actions/pause") as answer:
+        page.goto("http://attacker.test/")
+    assert answer.value.status == 403
+    assert "refused" in page.locator("body").inner_text()
+    assert not app.is_paused("mail")
+    # The same action from the dashboard itself goes through.
+    page.goto(served + "/queues/mail")
+    page.locator('button[data-action="pause"]').click()
+    page.locator(".notice.ok").wait_for()
+    assert app.is_paused("mail")
+    assert page.locator('button[data-action="resume"]').count() == 1
+
+
+def test_markup_in_an_error_is_text(app: conveyor.Conveyor, served: str, page: Any) -> None:
+    @app.task(name="mail.deliver", queue="mail", retries=0)
+    def deliver(subject: str) -> None:
+        raise RuntimeError(XSS)
+
+    job = deliver.enqueue("<b>hello</b><script>window.__pwned = 2</script>")
+    burst(app, ["mail"])
+    for path in (f"/jobs/{job.id}", "/queues/mail/jobs?state=dead"):
+        page.goto(served + path)
+        page.wait_for_load_state("networkidle")
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator("img[src=x]").count() == 0
+    page.goto(f"{served}/jobs/{job.id}")
+    assert XSS in page.locator("#error").inner_text()
+    assert "<script>window.__pwned = 2</script>" in page.locator("#args").inner_text()
+    with page.expect_response(lambda r: "/api/jobs/" in r.url):
+        pass  # a live refresh rewrites the error text: it must stay text
+    assert XSS in page.locator("#error").inner_text()
+    assert page.evaluate("window.__pwned") is None
+    assert not page.dialogs
+
+
+def test_readme_shows_the_dashboard() -> None:
+    """The README's picture exists (refresh it from test-artifacts/overview.png)."""
+    root = Path(__file__).resolve().parents[1]
+    picture = root / "docs" / "dashboard.png"
+    assert picture.exists() and picture.stat().st_size > 10_000
+    assert "docs/dashboard.png" in (root / "README.md").read_text()
