@@ -81,6 +81,8 @@ def test_every_page_renders(app: conveyor.Conveyor, client: TestClient) -> None:
         response = client.get(path)
         assert response.status_code == 200, path
     assert "*/5 * * * *" in client.get("/schedules").text
+    (row,) = client.get("/api/schedules").json()["schedules"]
+    assert row["task"] == "mail.digest" and row["next"] % 300 == 0 and row["last"] is None
     assert client.get("/jobs/mail~nope").status_code == 404
     lookup = client.get("/jobs", params={"id": jobs[0].id})
     assert lookup.status_code == 303 and lookup.headers["location"].endswith(jobs[0].id)

@@ -197,8 +197,10 @@ def schedules(app: Conveyor, now: float) -> list[dict[str, Any]]:
     start = dt.datetime.fromtimestamp(now, dt.UTC)
     rows = []
     for periodic, last in zip(periodics, lasts, strict=True):
+        next_after = getattr(periodic, "next_after", None)  # knows six-field (seconds) crons
         try:
-            next_fire: float | None = float(croniter(periodic.cron, start).get_next(float))
+            next_fire: float | None = (float(next_after(now)) if next_after is not None else
+                                       float(croniter(periodic.cron, start).get_next(float)))
         except (ValueError, KeyError):
             next_fire = None
         last_fire = None
