@@ -109,9 +109,9 @@ if made_ready > 0 then
   redis.call('HINCRBY', counts, 'ready', made_ready)
 end
 if next(enqueued) ~= nil then
-  local bucket = bucket_key(metrics_prefix, now, bucket_seconds)
-  for task, n in pairs(enqueued) do count(bucket, task, 'enqueued', n) end
-  touch_bucket(bucket, bucket_ttl)
+  local tally = new_tally()
+  for task, n in pairs(enqueued) do count(tally, task, 'enqueued', n) end
+  write_tally(tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
   wake_one(wake)
 end
 return out

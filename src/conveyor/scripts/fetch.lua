@@ -46,45 +46,52 @@ if not want or want < 0 or not cfg.dead_cap or not cfg.events_maxlen
 end
 
 local now = now_ms(ARGV[1])
-local now_s = seconds(now)
-local dead_ids = reclaim_expired(k, now, 100, cfg)
+local tally = new_tally()
+local dead_ids = reclaim_expired(k, now, 100, cfg, tally)
 promote_due(k.delayed, k.job_prefix, k.ready_prefix, k.ring_prefix, k.priorities, k.counts,
   now, 1000)
 
-local jobs, taken, started = {}, 0, {}
+local jobs, taken, leases, active = {}, 0, {}, {}
 if redis.call('EXISTS', k.paused) == 0 then
+  local popped_ready = 0
   while taken < want do
-    local id = pop_ready(k.ready_prefix, k.ring_prefix, k.priorities)
-    if not id then break end
-    local key = k.job_prefix .. id
-    local f = redis.call('HMGET', key, 'state', 'task', 'args', 'attempts', 'max_attempts',
-      'enqueued_at', 'run_at', 'vt')
-    -- Cancelled jobs are removed lazily here; their ready count was taken off at cancel.
-    if f[1] ~= 'cancelled' then redis.call('HINCRBY', k.counts, 'ready', -1) end
-    if f[1] == 'ready' then
-      local attempts = tonumber(f[4] or 0) + 1
-      local token = tostring(redis.call('INCR', k.seq))
-      local vt = tonumber(f[8]) or 30000
-      redis.call('HSET', key, 'state', 'active', 'attempts', attempts, 'token', token,
-        'leased_at', now_s)
-      redis.call('ZADD', k.leases, now + vt, id)
-      local task = f[2] or ''
-      redis.call('HINCRBY', k.active, task, 1)
-      started[task] = (started[task] or 0) + 1
-      for _, v in ipairs({ id, token, task, f[3] or '', attempts, f[5] or '1',
-                           f[6] or '', f[7] or '', vt }) do
-        jobs[#jobs + 1] = v
+    local ids = pop_ready_many(k.ready_prefix, k.ring_prefix, k.priorities, want - taken)
+    if #ids == 0 then break end
+    local token_base = redis.call('INCRBY', k.seq, #ids) - #ids
+    for i, id in ipairs(ids) do
+      local key = k.job_prefix .. id
+      local f = redis.call('HMGET', key, 'state', 'task', 'args', 'attempts', 'max_attempts',
+        'enqueued_at', 'run_at', 'vt')
+      -- Cancelled jobs are removed lazily here; their ready count was taken off at cancel.
+      if f[1] ~= 'cancelled' then popped_ready = popped_ready + 1 end
+      if f[1] == 'ready' then
+        local attempts = tonumber(f[4] or 0) + 1
+        local token = string.format('%d', token_base + i)
+        local vt = tonumber(f[8]) or 30000
+        local task = f[2] or ''
+        redis.call('HSET', key, 'state', 'active', 'attempts', attempts, 'token', token)
+        leases[#leases + 1] = now + vt
+        leases[#leases + 1] = id
+        active[task] = (active[task] or 0) + 1
+        for _, v in ipairs({ id, token, task, f[3] or '', attempts, f[5] or '1',
+                             f[6] or '', f[7] or '', vt }) do
+          jobs[#jobs + 1] = v
+        end
+        taken = taken + 1
       end
-      taken = taken + 1
     end
+  end
+  if popped_ready > 0 then redis.call('HINCRBY', k.counts, 'ready', -popped_ready) end
+  for i = 1, #leases, 500 do
+    redis.call('ZADD', k.leases, unpack(leases, i, math.min(i + 499, #leases)))
+  end
+  for task, n in pairs(active) do
+    redis.call('HINCRBY', k.active, task, n)
+    count(tally, task, 'started', n)
   end
   if taken > 0 and redis.call('ZCARD', k.priorities) > 0 then wake_one(k.wake) end
 end
-if taken > 0 then
-  local bucket = bucket_key(k.metrics_prefix, now, cfg.bucket_seconds)
-  for task, n in pairs(started) do count(bucket, task, 'started', n) end
-  touch_bucket(bucket, cfg.bucket_ttl)
-end
+write_tally(tally, bucket_key(k.metrics_prefix, now, cfg.bucket_seconds), cfg.bucket_ttl)
 
 local next_due = ''
 local first_delayed = redis.call('ZRANGE', k.delayed, 0, 0, 'WITHSCORES')

@@ -50,8 +50,8 @@ end
 
 local now = now_ms(ARGV[1])
 local now_s = seconds(now)
-local bucket = bucket_key(metrics_prefix, now, bucket_seconds)
 local codes, trimmed, retried = {}, {}, false
+local tally, done_leases, done_tasks = new_tally(), {}, {}
 for i = 0, n - 1 do
   local base = FIRST + i * FIELDS
   local id, token, outcome = ARGV[base], ARGV[base + 1], ARGV[base + 2]
@@ -64,26 +64,25 @@ for i = 0, n - 1 do
   else
     local job = { task = f[3], attempts = f[4], enqueued_at = f[7], run_at = f[8],
       tenant = f[9], priority = f[10], started_at = started_at, finished_at = now_s }
-    redis.call('ZREM', leases, id)
-    release_active(active, job.task)
-    redis.call('HSET', idle, job.task, now_s)
+    done_leases[#done_leases + 1] = id
+    done_tasks[job.task] = (done_tasks[job.task] or 0) + 1
     local waited = tonumber(started_at) - math.max(tonumber(f[7]), tonumber(f[8]))
-    observe(bucket, job.task, waited, now / 1000 - tonumber(started_at))
+    observe(tally, job.task, waited, now / 1000 - tonumber(started_at))
     if outcome == 'retry' and tonumber(f[4]) >= tonumber(f[5]) then outcome = 'dead' end
     if outcome == 'ok' then
       job.state = 'succeeded'
       redis.call('HSET', key, 'state', 'succeeded', 'token', '', 'result', payload,
         'started_at', started_at, 'finished_at', now_s)
       redis.call('EXPIRE', key, retention)
-      count(bucket, job.task, 'succeeded', 1)
+      count(tally, job.task, 'succeeded', 1)
       codes[#codes + 1] = 1
     elseif outcome == 'retry' then
       local due = now + (tonumber(ARGV[base + 5]) or 0)
       redis.call('HSET', key, 'state', 'retrying', 'token', '', 'error', payload,
         'started_at', started_at, 'finished_at', now_s, 'run_at', seconds(due))
       redis.call('ZADD', delayed, due, id)
-      count(bucket, job.task, 'failed', 1)
-      count(bucket, job.task, 'retried', 1)
+      count(tally, job.task, 'failed', 1)
+      count(tally, job.task, 'retried', 1)
       retried = true
       codes[#codes + 1] = 2
     else
@@ -93,8 +92,8 @@ for i = 0, n - 1 do
       for _, old in ipairs(bury(dead, job_prefix, id, now, dead_cap)) do
         trimmed[#trimmed + 1] = old
       end
-      count(bucket, job.task, 'failed', 1)
-      count(bucket, job.task, 'dead', 1)
+      count(tally, job.task, 'failed', 1)
+      count(tally, job.task, 'dead', 1)
       codes[#codes + 1] = 3
     end
     if job.state ~= nil then
@@ -103,7 +102,15 @@ for i = 0, n - 1 do
     end
   end
 end
-touch_bucket(bucket, bucket_ttl)
+-- Per batch, not per job: leases, active counts, idle times and metrics.
+for i = 1, #done_leases, 500 do
+  redis.call('ZREM', leases, unpack(done_leases, i, math.min(i + 499, #done_leases)))
+end
+for task, finished in pairs(done_tasks) do
+  release_active(active, task, finished)
+  redis.call('HSET', idle, task, now_s)
+end
+write_tally(tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
 -- A retry may now be the earliest due job: idle workers must re-arm their timers.
 if retried then wake_one(wake) end
 return { codes, trimmed }

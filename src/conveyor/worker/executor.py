@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
 import logging
+import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EncodingError
+from ..keys import job_id
 from ..scripts.calls import Leased, Outcome
 from .clock import ServerClock
+from .threads import ThreadRunner
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -40,13 +40,14 @@ def describe(exc: BaseException) -> str:
 
 
 class Executor:
-    """Runs jobs: async tasks on the loop, sync tasks in a bounded thread pool."""
+    """Runs jobs: async tasks on the loop, sync tasks on a bounded set of threads."""
 
     def __init__(self, app: Conveyor, clock: ServerClock, threads: int) -> None:
         self.app = app
         self.clock = clock
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="conveyor-task")
+        self.threads = ThreadRunner(asyncio.get_running_loop(), threads)
         self.abandoned = 0  # sync runs that overran their timeout and still hold a thread
+        self.stuck: dict[str, float] = {}  # job id -> when it overran, while its thread runs
 
     def _dead(self, held: Held, reason: str) -> Outcome:
         return Outcome(held.leased.short_id, held.leased.token, "dead",
@@ -86,20 +87,21 @@ class Executor:
                 return await task.fn(*args, **kwargs)
             async with asyncio.timeout(task.timeout):
                 return await task.fn(*args, **kwargs)
-        loop = asyncio.get_running_loop()
-
         def in_thread() -> Any:
             held.started_at = self.clock.now()
             return task.fn(*args, **kwargs)
 
-        ctx = contextvars.copy_context()
-        future = loop.run_in_executor(self.pool, functools.partial(ctx.run, in_thread))
+        future = self.threads.submit(in_thread)
         if task.timeout is None:
             return await future
         try:
             return await asyncio.wait_for(asyncio.shield(future), task.timeout)
         except TimeoutError:
             self.abandoned += 1
+            # A supervisor reads this to replace the process that holds the thread.
+            job = job_id(held.queue, held.leased.short_id)
+            self.stuck[job] = time.time()
+            future.add_done_callback(lambda _: self.stuck.pop(job, None))
             log.error(
                 "task %s (job %s) overran its %s s timeout; its thread cannot be interrupted and"
                 " is abandoned (%d abandoned so far): run workers under the supervisor (-p) so"
@@ -109,4 +111,4 @@ class Executor:
             raise
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.threads.shutdown()

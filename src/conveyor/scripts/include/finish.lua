@@ -1,8 +1,8 @@
 -- What every terminal transition shares: release the lease and the active slot, record
 -- when the type last finished, free the dedupe key, and stream the record to the sink.
 
-local function release_active(active, task)
-  if redis.call('HINCRBY', active, task, -1) < 0 then
+local function release_active(active, task, finished)
+  if redis.call('HINCRBY', active, task, -(finished or 1)) < 0 then
     redis.call('HSET', active, task, 0)
   end
 end

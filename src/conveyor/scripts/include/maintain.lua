@@ -24,7 +24,7 @@ end
 -- A lease past its deadline means the worker died or stalled. The attempt it used counts;
 -- the job goes back to the front of its list, or to the dead letters when attempts are spent.
 -- Returns the short ids that went dead, and the records of those (for the event stream).
-local function reclaim_expired(k, now, limit, cfg)
+local function reclaim_expired(k, now, limit, cfg, tally)
   local expired = redis.call('ZRANGE', k.leases, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
   local dead_ids = {}
   for _, id in ipairs(expired) do
@@ -37,8 +37,7 @@ local function reclaim_expired(k, now, limit, cfg)
         enqueued_at = f[8], run_at = f[9], started_at = f[10] }
       release_active(k.active, f[2])
       local err = 'lease expired: the worker died or stalled (attempt ' .. f[3] .. ')'
-      local bucket = bucket_key(k.metrics_prefix, now, cfg.bucket_seconds)
-      count(bucket, f[2], 'failed', 1)
+      count(tally, f[2], 'failed', 1)
       if tonumber(f[3]) >= tonumber(f[4]) then
         job.state, job.error, job.finished_at = 'dead', err, seconds(now)
         redis.call('HSET', key, 'state', 'dead', 'token', '', 'error', err,
@@ -46,15 +45,14 @@ local function reclaim_expired(k, now, limit, cfg)
         bury(k.dead, k.job_prefix, id, now, cfg.dead_cap)
         free_dedupe_key(k.dedupe_prefix, f[7], id)
         emit_event(k.events, cfg.events_maxlen, id, job)
-        count(bucket, f[2], 'dead', 1)
+        count(tally, f[2], 'dead', 1)
         dead_ids[#dead_ids + 1] = id
       else
         redis.call('HSET', key, 'state', 'ready', 'token', '', 'error', err)
         push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, f[5], f[6], true)
         redis.call('HINCRBY', k.counts, 'ready', 1)
-        count(bucket, f[2], 'retried', 1)
+        count(tally, f[2], 'retried', 1)
       end
-      touch_bucket(bucket, cfg.bucket_ttl)
     end
   end
   return dead_ids

@@ -1,8 +1,12 @@
 -- Time-bucketed counters and log-scale histograms per task type. A bucket is a hash
 -- `<metrics_prefix><bucket start s>` that expires, so memory does not grow with jobs.
--- Fields: '<task>|<counter>' and '<task>|w|<bin>' / '<task>|r|<bin>' for wait and run time.
+-- Fields: '<task>|<counter>', '<task>|wsum' / '<task>|rsum' (seconds), and
+-- '<task>|w|<bin>' / '<task>|r|<bin>' histograms of wait and run time.
+-- A script tallies in a Lua table and writes each field once per call, so a batch of
+-- outcomes costs a few commands, not a few per job.
 
 local HISTOGRAM_GROWTH = 1.1  -- keep in step with conveyor.monitor.histogram.GROWTH
+local LOG_GROWTH = math.log(HISTOGRAM_GROWTH)
 
 local function bucket_key(metrics_prefix, ms, bucket_seconds)
   local start = math.floor(ms / 1000 / bucket_seconds) * bucket_seconds
@@ -13,22 +17,36 @@ end
 local function histogram_bin(duration_s)
   local us = duration_s * 1000000
   if us < 1 then return 0 end
-  return math.floor(math.log(us) / math.log(HISTOGRAM_GROWTH)) + 1
+  return math.floor(math.log(us) / LOG_GROWTH) + 1
 end
 
-local function count(bucket, task, what, by)
-  redis.call('HINCRBY', bucket, task .. '|' .. what, by)
+local function new_tally()
+  return { counts = {}, sums = {} }
 end
 
-local function observe(bucket, task, wait_s, run_s)
+local function count(tally, task, what, by)
+  local field = task .. '|' .. what
+  tally.counts[field] = (tally.counts[field] or 0) + by
+end
+
+local function observe(tally, task, wait_s, run_s)
   if wait_s < 0 then wait_s = 0 end
   if run_s < 0 then run_s = 0 end
-  redis.call('HINCRBY', bucket, task .. '|w|' .. histogram_bin(wait_s), 1)
-  redis.call('HINCRBY', bucket, task .. '|r|' .. histogram_bin(run_s), 1)
-  redis.call('HINCRBYFLOAT', bucket, task .. '|wsum', wait_s)
-  redis.call('HINCRBYFLOAT', bucket, task .. '|rsum', run_s)
+  count(tally, task, 'w|' .. histogram_bin(wait_s), 1)
+  count(tally, task, 'r|' .. histogram_bin(run_s), 1)
+  tally.sums[task .. '|wsum'] = (tally.sums[task .. '|wsum'] or 0) + wait_s
+  tally.sums[task .. '|rsum'] = (tally.sums[task .. '|rsum'] or 0) + run_s
 end
 
-local function touch_bucket(bucket, ttl)
-  redis.call('EXPIRE', bucket, ttl)
+local function write_tally(tally, bucket, ttl)
+  local wrote = false
+  for field, by in pairs(tally.counts) do
+    redis.call('HINCRBY', bucket, field, by)
+    wrote = true
+  end
+  for field, by in pairs(tally.sums) do
+    redis.call('HINCRBYFLOAT', bucket, field, string.format('%.6f', by))
+    wrote = true
+  end
+  if wrote then redis.call('EXPIRE', bucket, ttl) end
 end

@@ -36,6 +36,40 @@ local function pop_ready(ready_prefix, ring_prefix, priorities)
   end
 end
 
+-- Take up to `want` job ids: highest priority first; within a priority, tenants take turns,
+-- except that a tenant alone at its level gives a run of its jobs in one command (there is
+-- nobody to be fair to, and the next fetch serves any tenant that arrives meanwhile).
+local function pop_ready_many(ready_prefix, ring_prefix, priorities, want)
+  local out = {}
+  while #out < want do
+    local top = redis.call('ZRANGE', priorities, 0, 0, 'REV')
+    if #top == 0 then break end
+    local ring = ring_prefix .. top[1]
+    local tenants = redis.call('LLEN', ring)
+    if tenants == 0 then
+      redis.call('ZREM', priorities, top[1])
+    elseif tenants == 1 then
+      local tenant = redis.call('LINDEX', ring, 0)
+      local list = ready_prefix .. top[1] .. ':' .. tenant
+      local ids = redis.call('LPOP', list, want - #out)
+      if ids then
+        for _, id in ipairs(ids) do out[#out + 1] = id end
+      end
+      if redis.call('LLEN', list) == 0 then
+        redis.call('DEL', ring)
+        redis.call('ZREM', priorities, top[1])
+      end
+    else
+      for _ = 1, math.min(tenants, want - #out) do
+        local id = pop_ready(ready_prefix, ring_prefix, priorities)
+        if not id then break end
+        out[#out + 1] = id
+      end
+    end
+  end
+  return out
+end
+
 -- Tell one idle worker that there may be work; the list never holds more than one marker.
 local function wake_one(wake)
   redis.call('LPUSH', wake, '1')

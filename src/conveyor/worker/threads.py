@@ -1,0 +1,99 @@
+"""A thread pool for sync task bodies, built for many short calls.
+
+``concurrent.futures`` wakes the event loop once per finished call and starts every
+thread it may have. Here, threads start only when calls are waiting and every thread is
+busy (short tasks need few threads, and few threads fight less over the GIL), and
+finished calls are handed to the loop in batches: one wake-up for all that finished
+since the last one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections import deque
+from collections.abc import Callable
+from queue import SimpleQueue
+from typing import Any
+
+_STOP = object()
+
+
+class ThreadRunner:
+    """Runs callables on up to ``max_threads`` daemon threads; each call returns a future of
+    the running loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_threads: int,
+                 name: str = "conveyor-task") -> None:
+        self._loop = loop
+        self._max = max_threads
+        self._name = name
+        self._inbox: SimpleQueue[Any] = SimpleQueue()
+        self._done: deque[tuple[asyncio.Future[Any], bool, Any]] = deque()
+        self._lock = threading.Lock()
+        self._delivery_scheduled = False
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._closed = False
+
+    @property
+    def threads(self) -> int:
+        return len(self._threads)
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """Run ``fn(*args, **kwargs)`` in a thread, in a copy of the caller's context."""
+        future: asyncio.Future[Any] = self._loop.create_future()
+        ctx = contextvars.copy_context()
+        self._inbox.put((future, ctx, fn, args, kwargs))
+        with self._lock:
+            start = self._idle == 0 and len(self._threads) < self._max and not self._closed
+            if start:
+                self._idle += 1  # counted idle until it takes its first call
+        if start:
+            thread = threading.Thread(target=self._serve, name=f"{self._name}-{len(self._threads)}",
+                                      daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            item = self._inbox.get()
+            if item is _STOP:
+                return
+            with self._lock:
+                self._idle -= 1
+            future, ctx, fn, args, kwargs = item
+            try:
+                outcome = (True, ctx.run(fn, *args, **kwargs))
+            except BaseException as exc:  # handed to the awaiting coroutine
+                outcome = (False, exc)
+            with self._lock:
+                self._idle += 1
+                self._done.append((future, *outcome))
+                wake = not self._delivery_scheduled
+                self._delivery_scheduled = True
+            if wake:
+                try:
+                    self._loop.call_soon_threadsafe(self._deliver)
+                except RuntimeError:  # the loop is closed: nobody waits for the result
+                    return
+
+    def _deliver(self) -> None:
+        with self._lock:
+            done, self._done = self._done, deque()
+            self._delivery_scheduled = False
+        for future, ok, value in done:
+            if future.cancelled():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+    def shutdown(self) -> None:
+        """Let idle threads exit; a thread still running a call ends when the call does."""
+        self._closed = True
+        for _ in self._threads:
+            self._inbox.put(_STOP)
