@@ -10,9 +10,7 @@ from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-import redis
-import redis.asyncio
-
+from . import clients
 from . import keys as keyspace
 from .encoding import DEFAULT_MAX_PAYLOAD, Codec, Format
 from .errors import ConfigurationError
@@ -78,7 +76,7 @@ class Conveyor:
     @cached_property
     def redis(self) -> Any:  # redis.Redis; its stubs type replies as unions of everything
         """The synchronous client (thread-safe connection pool), replies as bytes."""
-        return redis.Redis.from_url(self.url)
+        return clients.sync_client(self.url)
 
     @cached_property
     def scripts(self) -> ScriptRunner:
@@ -88,7 +86,7 @@ class Conveyor:
         loop = asyncio.get_running_loop()
         pair = self._async.get(loop)
         if pair is None:
-            client = redis.asyncio.Redis.from_url(self.url)
+            client = clients.async_client(self.url)
             pair = (client, AsyncScriptRunner(client))
             self._async[loop] = pair
         return pair
