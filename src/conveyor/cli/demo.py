@@ -80,7 +80,7 @@ def _pct(values: list[float], q: float) -> float:
 
 @main.command()
 @click.option("-c", "--concurrency", default=32, show_default=True)
-@click.option("--scale", default=1, show_default=True, help="Multiply the number of batches.")
+@click.option("--scale", default=5, show_default=True, help="Multiply the number of batches.")
 def demo(concurrency: int, scale: int) -> None:
     """Send a newsletter for five tenants through conveyor and report how it went.
 
