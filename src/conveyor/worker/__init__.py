@@ -215,7 +215,9 @@ class Worker:
         assert self._nudge is not None
         timeout = None
         dues = [d for d in self._next_due.values() if d is not None]
-        if dues:
+        if dues and len(self.held) < self.concurrency:
+            # A full worker cannot act on a due time (it would wake at once, again and again,
+            # once the time has passed); a finishing job nudges it instead.
             timeout = max(0.0, self.clock.seconds_until(min(dues)))
         if self.held and not any(self._more.values()):
             # Busy but the queues looked empty: look again now and then for new work.
@@ -231,6 +233,8 @@ class Worker:
         while True:
             try:
                 reply = await client.blpop(wake_keys, timeout=WAKE_BLOCK_SECONDS)
+                if reply is None:
+                    await self._arm_for_leases(client)
                 failures = 0
             except CONNECTION_ERRORS as exc:
                 failures += 1
@@ -246,6 +250,19 @@ class Worker:
                 await client.ltrim(reply[0], 0, 0)
                 await asyncio.sleep(0.001)
             self._wake_all()
+
+    async def _arm_for_leases(self, client: Any) -> None:
+        """After a quiet spell, set the timer for the earliest lease of each queue. A worker
+        that dies holding jobs wakes nobody, and this worker's last fetch may predate the
+        lease: without this its job would wait for the next enqueue to be reclaimed. One
+        command per queue per quiet spell."""
+        for queue in self.queues:
+            first = await client.zrange(self.app.keys(queue).leases, 0, 0, withscores=True)
+            known = self._next_due.get(queue)
+            if first and (known is None or float(first[0][1]) < known):
+                self._next_due[queue] = float(first[0][1])
+                assert self._nudge is not None
+                self._nudge.set()
 
     def _wake_all(self) -> None:
         for queue in self.queues:
