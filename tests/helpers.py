@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import conveyor
 
@@ -83,7 +85,10 @@ class RedisServer:
         if self.process is None:
             return
         with contextlib.suppress(Exception):
-            self.client().shutdown(save=save, nosave=not save)
+            # Without retries: the server closing the connection is the expected answer, and
+            # redis-py's default retries would spend seconds reconnecting to a stopped server.
+            quiet = redis.Redis(port=self.port, retry=Retry(NoBackoff(), 0))
+            quiet.shutdown(save=save, nosave=not save)
         try:
             self.process.wait(5)
         except subprocess.TimeoutExpired:
