@@ -29,6 +29,8 @@ from .stats import (
 if TYPE_CHECKING:
     from ..app import Conveyor
 
+RUN_TIME_LOOKBACK = 3600.0  # seconds of history advice falls back on for the run time
+
 __all__ = ["Advice", "Backlog", "Monitor", "Stats", "TaskActivity", "Timing", "WorkerInfo"]
 
 
@@ -184,8 +186,9 @@ class Monitor:
             deadline = deadline.timestamp()
         stats = self.stats(queue=queue, window=window)
         run_time = stats.run.mean
-        if run_time is None:  # nothing finished lately: the longest history kept will do
-            run_time = self.stats(queue=queue, window=self.app.limits.bucket_ttl).run.mean
+        if run_time is None:  # nothing finished lately: the last hour's runs will do
+            longer = min(self.app.limits.bucket_ttl, RUN_TIME_LOOKBACK)
+            run_time = self.stats(queue=queue, window=longer).run.mean
         live = self.workers()
         return decide(queue, stats, run_time, registry.serving(live, queue), bool(live),
                       target_wait, deadline)

@@ -1,0 +1,244 @@
+"""Monitoring commands: ``stats``, ``top``, ``advice``, ``sink``, ``report``, ``metrics``."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+import time
+from typing import Any
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from ..app import Conveyor
+from ..monitor import Stats
+from ..monitor.advice import duration
+from .base import app_options, main
+
+console = Console()
+
+
+def ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def plain(value: Any) -> Any:
+    """JSON-safe: dataclasses to dicts, infinities to null."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: plain(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def stats_table(rows: list[Stats], title: str) -> Table:
+    table = Table("queue", "task", "enqueued", "succeeded", "failed", "dead", "jobs/s",
+                  "wait p50", "wait p95", "wait p99", "run p50", "run p95", "run p99",
+                  title=title)
+    for s in rows:
+        table.add_row(s.queue or "*", s.task or "*", str(s.enqueued), str(s.succeeded),
+                      str(s.failed), str(s.dead), f"{s.throughput:.2f}", ms(s.wait.p50),
+                      ms(s.wait.p95), ms(s.wait.p99), ms(s.run.p50), ms(s.run.p95),
+                      ms(s.run.p99))
+    return table
+
+
+def backlog_table(app: Conveyor, queues: list[str]) -> Table:
+    table = Table("queue", "ready", "scheduled", "active", "dead", title="backlog")
+    for queue in queues:
+        b = app.monitor.backlog(queue)
+        table.add_row(queue, str(b.ready), str(b.scheduled), str(b.active), str(b.dead))
+    return table
+
+
+@main.command()
+@click.option("-q", "--queue", help="Only this queue.")
+@click.option("-t", "--task", help="Only this task type.")
+@click.option("-w", "--window", default=300.0, show_default=True, help="Seconds to look back.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@app_options
+def stats(app: Conveyor, queue: str | None, task: str | None, window: float,
+          as_json: bool) -> None:
+    """Throughput, failures and wait/run percentiles per task type over a window."""
+    rows = [s for s in app.monitor.stats_by_task(queue, window) if task in (None, s.task)]
+    total = app.monitor.stats(task=task, queue=queue, window=window)
+    if as_json:
+        click.echo(json.dumps({"total": plain(total), "tasks": plain(rows)}, indent=2))
+        return
+    console.print(stats_table([*rows, total], f"last {duration(window)}"))
+    queues = [queue] if queue else app.known_queues()
+    console.print(backlog_table(app, queues))
+
+
+def top_view(app: Conveyor, window: float) -> Group:
+    """One frame of ``conveyor top``."""
+    queues = app.known_queues()
+    per_task = {(s.queue, s.task): s for s in app.monitor.stats_by_task(window=window)}
+    now = time.time()
+    table = Table("queue", "task", "active", "idle", "last finished", "jobs/s", "wait p95",
+                  "run p95", "failed", title=f"task types (last {duration(window)})")
+    for row in app.monitor.activity():
+        s = per_task.get((row.queue, row.task))
+        last = "never" if row.idle_since is None else f"{duration(now - row.idle_since)} ago"
+        table.add_row(row.queue, row.task, str(row.active), "idle" if row.idle else "",
+                      last, f"{s.throughput:.2f}" if s else "-", ms(s.wait.p95 if s else None),
+                      ms(s.run.p95 if s else None), str(s.failed) if s else "-")
+    workers = app.monitor.workers()
+    stamp = dt.datetime.now(dt.UTC).strftime("%H:%M:%S")
+    header = f"conveyor top · {app.namespace} · {len(workers)} worker(s) · {stamp} UTC"
+    return Group(header, backlog_table(app, queues), table)
+
+
+@main.command()
+@click.option("-i", "--interval", default=1.0, show_default=True, help="Seconds per refresh.")
+@click.option("-w", "--window", default=60.0, show_default=True, help="Stats window (s).")
+@click.option("-n", "--iterations", default=0, help="Stop after N frames (0: until Ctrl-C).")
+@app_options
+def top(app: Conveyor, interval: float, window: float, iterations: int) -> None:
+    """Live view: backlog, active and idle task types, throughput, waits and runs."""
+    frames = 0
+    with Live(top_view(app, window), console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                frames += 1
+                if iterations and frames >= iterations:
+                    break
+                time.sleep(interval)
+                live.update(top_view(app, window), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+def parse_deadline(text: str | None) -> float | None:
+    """``+30m`` / ``+2h`` from now, epoch seconds, or an ISO date-time (UTC if naive)."""
+    if not text:
+        return None
+    if text.startswith("+"):
+        from ..sink.report import parse_since
+
+        now = time.time()
+        return now + (now - parse_since(text[1:], now))
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    when = dt.datetime.fromisoformat(text)
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
+
+
+@main.command()
+@click.argument("queue")
+@click.option("--target-wait", default=10.0, show_default=True,
+              help="Seconds a job should wait at most before it starts.")
+@click.option("--deadline", help="When all pending jobs must be done: +30m, ISO time, epoch.")
+@click.option("-w", "--window", default=60.0, show_default=True, help="Rates over (s).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (for autoscalers).")
+@app_options
+def advice(app: Conveyor, queue: str, target_wait: float, deadline: str | None, window: float,
+           as_json: bool) -> None:
+    """How many workers QUEUE needs, how long its backlog takes to drain, and why."""
+    try:
+        due = parse_deadline(deadline)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--deadline") from exc
+    result = app.monitor.advice(queue, target_wait=target_wait, deadline=due, window=window)
+    if as_json:
+        click.echo(json.dumps(plain(result), indent=2))
+        return
+    eta = "unknown" if result.eta_seconds is None else duration(result.eta_seconds)
+    console.print(f"[bold]{queue}[/bold]: {result.workers_needed} worker(s) needed "
+                  f"(at concurrency {result.concurrency}); backlog drains in {eta}")
+    for reason in result.reasons:
+        console.print(f"  • {reason}")
+
+
+@main.command()
+@click.option("--db", default="sqlite:///conveyor-jobs.db", show_default=True,
+              help="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db")
+@click.option("-q", "--queue", "queues", multiple=True, help="Queue (default: all, as seen).")
+@click.option("--table", default="conveyor_jobs", show_default=True)
+@click.option("--batch", default=500, show_default=True, help="Events per transaction.")
+@click.option("--consumer", help="Name in the consumer group (default host:pid).")
+@click.option("--until-idle", is_flag=True, help="Exit once every stream is written.")
+@app_options
+def sink(app: Conveyor, db: str, queues: tuple[str, ...], table: str, batch: int,
+         consumer: str | None, until_idle: bool) -> None:
+    """Copy finished jobs from the events streams into SQL (runs until stopped)."""
+    import signal
+
+    from ..sink import Sink
+
+    runner = Sink(app, db, queues=list(queues) or None, table=table, batch=batch,
+                  consumer=consumer)
+    signal.signal(signal.SIGTERM, lambda *_: runner.stop())
+    try:
+        written = runner.run(until_idle=until_idle)
+    except KeyboardInterrupt:
+        written = runner.written
+    finally:
+        runner.close()
+    click.echo(f"wrote {written} job(s) to {table}")
+
+
+@main.command()
+@click.option("--db", default="sqlite:///conveyor-jobs.db", show_default=True)
+@click.option("--table", default="conveyor_jobs", show_default=True)
+@click.option("--since", help="Only jobs finished since: 7d, 24h, 30m, or an ISO date.")
+@click.option("--json", "as_json", is_flag=True)
+def report(db: str, table: str, since: str | None, as_json: bool) -> None:
+    """Jobs, mean and p95 wait and run per task type, from the sink's database."""
+    import sqlalchemy as sa
+
+    from ..sink import make_engine
+    from ..sink.report import parse_since
+    from ..sink.report import report as build_report
+    from ..sink.schema import jobs_table
+
+    try:
+        start = parse_since(since, time.time()) if since else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from exc
+    engine = make_engine(db)
+    try:
+        rows = build_report(engine, jobs_table(sa.MetaData(), table), start)
+    except sa.exc.DBAPIError as exc:
+        raise click.ClickException(f"cannot read {table}: {str(exc).splitlines()[0]}") from exc
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(json.dumps(plain(rows), indent=2))
+        return
+    out = Table("task", "jobs", "succeeded", "dead", "retries", "wait mean", "wait p95",
+                "run mean", "run p95", title=f"since {since}" if since else "all time")
+    for r in rows:
+        out.add_row(r.task, str(r.jobs), str(r.succeeded), str(r.dead), str(r.retries),
+                    ms(r.wait_mean), ms(r.wait_p95), ms(r.run_mean), ms(r.run_p95))
+    console.print(out)
+
+
+@main.command()
+@click.option("-p", "--port", default=9808, show_default=True)
+@click.option("--addr", default="0.0.0.0", show_default=True)
+@click.option("-q", "--queue", "queues", multiple=True, help="Queue (default: all, as seen).")
+@app_options
+def metrics(app: Conveyor, port: int, addr: str, queues: tuple[str, ...]) -> None:
+    """Serve Prometheus metrics on http://ADDR:PORT/metrics, read from Redis per scrape."""
+    from ..monitor.prometheus import serve
+
+    serve(app, port, addr, list(queues) or None)
+    click.echo(f"serving metrics on http://{addr}:{port}/metrics", err=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass

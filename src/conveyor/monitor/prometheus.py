@@ -1,0 +1,162 @@
+"""Prometheus metrics read from Redis at each scrape (``conveyor metrics --port``).
+
+One exporter reports for every worker: it reads the queues' backlog, the active and idle
+hashes, the worker registry and the metric buckets the Lua scripts write. Counters and
+histograms must only grow, while buckets expire; so the exporter keeps running totals in
+its own memory and adds, at each scrape, what each recent bucket gained since it was last
+seen. On start it counts every bucket still kept (up to ``limits.bucket_ttl`` of
+history); a restarted exporter is a counter reset, which ``rate()`` handles.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from .stats import COUNTERS, TaskWindow, bucket_starts, parse_bucket
+
+if TYPE_CHECKING:
+    from ..app import Conveyor
+
+# Upper bounds (s) of the exported wait and run histograms; the log bins fold into these.
+EDGES = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+         60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+
+
+class RedisCollector(Collector):
+    """A collector for ``prometheus_client`` registries; thread-safe across scrapes.
+
+    :param app: the application whose queues are reported
+    :param queues: queues to report (default: every known queue at each scrape)
+    :param advice: also export ``conveyor_queue_workers_needed`` from the scaling advice
+    """
+
+    def __init__(self, app: Conveyor, queues: list[str] | None = None,
+                 advice: bool = True) -> None:
+        self.app = app
+        self.queues = queues
+        self.with_advice = advice
+        self.seen: dict[str, dict[int, dict[str, float]]] = {}
+        self.totals: dict[tuple[str, str], TaskWindow] = {}
+        self.last_now: float | None = None
+        self.lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            queues = self.queues or self.app.known_queues()
+            now = self.app.monitor._server_time()
+            for queue in queues:
+                self._accumulate(queue, now)
+            self.last_now = now
+            yield from self._gauges(queues, now)
+            yield from self._counters()
+            yield from self._histograms()
+
+    # -- running totals from buckets ------------------------------------------------------
+
+    def _accumulate(self, queue: str, now: float) -> None:
+        width, ttl = self.app.limits.bucket_seconds, self.app.limits.bucket_ttl
+        seen = self.seen.setdefault(queue, {})
+        window = ttl if self.last_now is None or not seen else \
+            min(ttl, now - self.last_now + 2 * width)
+        starts = bucket_starts(now, window, width)
+        keys = self.app.keys(queue)
+        with self.app.redis.pipeline(transaction=False) as pipe:
+            for start in starts:
+                pipe.hgetall(keys.metrics(start))
+            replies = pipe.execute()
+        gained: dict[str, float] = {}
+        for start, reply in zip(starts, replies, strict=True):
+            fields = {k.decode(): float(v) for k, v in reply.items()}
+            before = seen.get(start, {})
+            for name, value in fields.items():
+                delta = value - before.get(name, 0.0)
+                if delta > 0:
+                    gained[name] = gained.get(name, 0.0) + delta
+            seen[start] = fields
+        for start in [s for s in seen if s < starts[0]]:
+            del seen[start]  # no script writes to a bucket that old any more
+        parts: dict[str, TaskWindow] = {}
+        parse_bucket({k: _number(v) for k, v in gained.items()}, parts)
+        for task, part in parts.items():
+            self.totals.setdefault((queue, task), TaskWindow()).merge(part)
+
+    # -- families --------------------------------------------------------------------------
+
+    def _gauges(self, queues: list[str], now: float) -> Iterator[Metric]:
+        backlog = GaugeMetricFamily("conveyor_queue_jobs", "Jobs of a queue by state now",
+                                    labels=["queue", "state"])
+        active = GaugeMetricFamily("conveyor_task_active", "Jobs of a task type running now",
+                                   labels=["queue", "task"])
+        idle = GaugeMetricFamily("conveyor_task_idle_seconds",
+                                 "Seconds since a job of the task type last finished",
+                                 labels=["queue", "task"])
+        needed = GaugeMetricFamily("conveyor_queue_workers_needed",
+                                   "Worker processes the scaling advice asks for",
+                                   labels=["queue"])
+        for queue in queues:
+            b = self.app.monitor.backlog(queue)
+            for state in ("ready", "scheduled", "active", "dead"):
+                backlog.add_metric([queue, state], getattr(b, state))
+            if self.with_advice:
+                needed.add_metric([queue], self.app.monitor.advice(queue).workers_needed)
+        for row in self.app.monitor.activity():
+            if row.queue in queues:
+                active.add_metric([row.queue, row.task], row.active)
+                if row.idle_since is not None:
+                    idle.add_metric([row.queue, row.task], max(0.0, now - row.idle_since))
+        workers = GaugeMetricFamily("conveyor_workers", "Live worker processes (registry)")
+        workers.add_metric([], len(self.app.monitor.workers()))
+        yield from (backlog, active, idle, workers)
+        if self.with_advice:
+            yield needed
+
+    def _counters(self) -> Iterator[Metric]:
+        for name in COUNTERS:
+            family = CounterMetricFamily(f"conveyor_jobs_{name}", f"Jobs {name}",
+                                         labels=["queue", "task"])
+            for (queue, task), part in sorted(self.totals.items()):
+                family.add_metric([queue, task], part.counters.get(name, 0))
+            yield family
+
+    def _histograms(self) -> Iterator[Metric]:
+        for kind in ("wait", "run"):
+            family = HistogramMetricFamily(
+                f"conveyor_job_{kind}_seconds",
+                "Seconds jobs waited before they started" if kind == "wait"
+                else "Seconds jobs ran", labels=["queue", "task"])
+            for (queue, task), part in sorted(self.totals.items()):
+                hist = part.wait if kind == "wait" else part.run
+                counts = hist.cumulative(EDGES)
+                buckets = [(_le(e), float(c)) for e, c in zip(EDGES, counts, strict=True)]
+                buckets.append(("+Inf", float(hist.count)))
+                family.add_metric([queue, task], buckets, sum_value=hist.total)
+            yield family
+
+
+def _le(edge: float) -> str:
+    return repr(edge)
+
+
+def _number(value: float) -> Any:
+    """Counters and bins are integers; sums stay floats (as parse_bucket expects text)."""
+    return str(int(value)) if value == int(value) else repr(value)
+
+
+def serve(app: Conveyor, port: int, addr: str = "0.0.0.0",
+          queues: list[str] | None = None) -> Any:
+    """Start the HTTP exporter in a background thread; returns (server, thread)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry()
+    registry.register(RedisCollector(app, queues))
+    return start_http_server(port, addr, registry=registry)
