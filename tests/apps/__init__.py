@@ -1,0 +1,1 @@
+"""Applications that tests run in real worker processes (``conveyor worker apps.<name>:app``)."""
