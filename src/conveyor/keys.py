@@ -90,6 +90,21 @@ def worker_key(namespace: str, worker_id: str) -> str:
     return f"{namespace}:worker:{worker_id}"
 
 
+def supervisors_key(namespace: str) -> str:
+    """Sorted set of live worker supervisors, scored by their last heartbeat (ms)."""
+    return f"{namespace}:supervisors"
+
+
+def supervisor_key(namespace: str, supervisor_id: str) -> str:
+    """Hash describing one supervisor (children, scaling bounds); expires with it."""
+    return f"{namespace}:supervisor:{supervisor_id}"
+
+
+def supervisor_decisions_key(namespace: str, supervisor_id: str) -> str:
+    """Capped list of a supervisor's latest scaling decisions, newest first (JSON)."""
+    return f"{namespace}:supervisor:{supervisor_id}:decisions"
+
+
 def job_id(queue: str, short_id: str) -> str:
     """Public job id: the queue travels inside it so a job is found by id in O(1)."""
     return f"{queue}{JOB_ID_SEPARATOR}{short_id}"

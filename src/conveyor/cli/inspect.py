@@ -14,6 +14,7 @@ from ..app import Conveyor
 from ..errors import JobNotFound
 from ..job import JobInfo
 from .base import app_options, main
+from .worker import show_fleet
 
 console = Console()
 
@@ -123,3 +124,4 @@ def info(app: Conveyor) -> None:
         table.add_row(queue, str(int(ready or 0)), str(scheduled), str(active), str(dead_n),
                       "yes" if paused else "")
     console.print(table)
+    show_fleet(app, console)

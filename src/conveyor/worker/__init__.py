@@ -26,6 +26,7 @@ from ..scripts import calls
 from .clock import ServerClock
 from .executor import Executor, Held
 from .outbox import Outbox
+from .registry import keep_registered
 from .server_check import check_server
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class Worker:
     :param queues: queues to serve, in order of preference (default: all the app's queues)
     :param concurrency: most jobs running at once (also the most leased at once)
     :param grace: seconds running jobs get to finish after SIGTERM/SIGINT
+    :param max_jobs: stop gracefully after this many jobs (a supervisor then replaces the
+        process, which bounds what a leaky task can accumulate)
     """
 
     def __init__(
@@ -56,6 +59,7 @@ class Worker:
         *,
         grace: float = 30.0,
         name: str | None = None,
+        max_jobs: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -67,6 +71,7 @@ class Worker:
         self.clock = ServerClock()
         self.held: dict[tuple[str, str], Held] = {}
         self.processed = 0
+        self.max_jobs = max_jobs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._nudge: asyncio.Event | None = None
@@ -120,6 +125,7 @@ class Worker:
             asyncio.create_task(self._listen_for_wakeups(), name="conveyor-wake"),
             asyncio.create_task(self._heartbeat(runner), name="conveyor-heartbeat"),
             asyncio.create_task(self.outbox.run(), name="conveyor-outbox"),
+            asyncio.create_task(keep_registered(self), name="conveyor-registry"),
         ]
         log.info("worker %s serving %s with concurrency %d", self.id, self.queues,
                  self.concurrency)
@@ -129,9 +135,11 @@ class Worker:
             await self._drain()
         finally:
             await self.outbox.flush_all()
+            self.outbox.close()
             for helper in helpers:
                 helper.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            # Bounded: a cancellation swallowed inside a client call must not hang the stop.
+            await asyncio.wait(helpers, timeout=2.0)
             self.executor.shutdown()
             self._remove_signals()
             await self.app.aclose()
@@ -167,6 +175,8 @@ class Worker:
         n = len(self.queues)
         for i in range(n):
             free = self.concurrency - len(self.held)
+            if self.max_jobs is not None:  # never lease more than it will run
+                free = min(free, self.max_jobs - self.processed - len(self.held))
             if free <= 0 or self._stopping:
                 break
             queue = self.queues[(self._rotation + i) % n]
@@ -205,6 +215,9 @@ class Worker:
             )
         self.outbox.add(held.queue, outcome)
         self.processed += 1
+        if self.max_jobs is not None and self.processed >= self.max_jobs and not self._stopping:
+            log.info("worker %s has run its %d jobs: stopping", self.id, self.max_jobs)
+            self._request_stop()
         self.held.pop((held.queue, held.leased.short_id), None)
         self._more[held.queue] = self._more[held.queue] or len(self.held) == 0
         assert self._nudge is not None
@@ -303,7 +316,11 @@ class Worker:
         running = [h.task for h in self.held.values() if h.task is not None]
         if running:
             log.info("waiting up to %.1f s for %d running job(s)", self.grace, len(running))
-            await asyncio.wait(running, timeout=self.grace)
+            hurry = asyncio.ensure_future(self._hurried())
+            waiters: list[asyncio.Future[Any]] = [
+                asyncio.gather(*running, return_exceptions=True), hurry]
+            await asyncio.wait(waiters, timeout=self.grace, return_when=asyncio.FIRST_COMPLETED)
+            hurry.cancel()
         unstarted = [h for h in self.held.values() if h.started_at is None]
         if unstarted:
             await self._release(unstarted)
@@ -318,6 +335,13 @@ class Worker:
                 held.leased.short_id, held.leased.token, "retry", held.started_at or time.time(),
                 "interrupted: the worker shut down", 0))
             self.held.pop((held.queue, held.leased.short_id), None)
+
+    async def _hurried(self) -> None:
+        """Return once a second stop request has cut the grace period short."""
+        assert self._nudge is not None
+        while self.grace > 0:
+            self._nudge.clear()
+            await self._nudge.wait()
 
     async def _release(self, unstarted: list[Held]) -> None:
         by_queue: dict[str, list[tuple[str, str]]] = {}
