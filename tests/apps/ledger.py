@@ -11,6 +11,7 @@ The worker processes find Redis and the key namespace in ``$CONVEYOR_REDIS_URL``
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import signal
@@ -46,6 +47,8 @@ class LedgerApp:
                            visibility_timeout=RECORD_VT)(self._record)
         self.hold = task(name="ledger.hold", queue=QUEUE, retries=5,
                          visibility_timeout=HOLD_VT)(self._hold)
+        self.ahold = task(name="ledger.ahold", queue=QUEUE, retries=5,
+                          visibility_timeout=HOLD_VT)(self._ahold)
         self.poison = task(name="ledger.poison", queue=QUEUE, retries=POISON_RETRIES,
                            visibility_timeout=HOLD_VT)(self._poison)
 
@@ -68,6 +71,12 @@ class LedgerApp:
         """Note the run, hold the job for ``seconds``, return the pid that ran it."""
         self._note(label)
         time.sleep(seconds)
+        return os.getpid()
+
+    async def _ahold(self, label: str, seconds: float) -> int:
+        """:meth:`_hold` as a coroutine (runs on the worker's loop; cancellable)."""
+        self._note(label)  # a millisecond of blocking I/O on the loop: fine for a test
+        await asyncio.sleep(seconds)
         return os.getpid()
 
     def _poison(self, label: str) -> None:
