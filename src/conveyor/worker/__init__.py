@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
+from .. import clients
+from ..schedule import Scheduler
 from ..scripts import calls
 from .clock import ServerClock
 from .executor import Executor, Held
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["Worker"]
 
 log = logging.getLogger("conveyor.worker")
-WAKE_BLOCK_SECONDS = 5.0  # longest BLPOP; also bounds how stale a missed wake-up can be
+WAKE_BLOCK_SECONDS = 10.0  # longest BLPOP; also bounds how stale a missed wake-up can be
 RECONNECT_MAX = 5.0
 CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
@@ -126,6 +128,9 @@ class Worker:
             asyncio.create_task(self._heartbeat(runner), name="conveyor-heartbeat"),
             asyncio.create_task(self.outbox.run(), name="conveyor-outbox"),
             asyncio.create_task(keep_registered(self), name="conveyor-registry"),
+            asyncio.create_task(
+                Scheduler(self.app, self.queues, ServerClock()).run(), name="conveyor-periodic"
+            ),
         ]
         log.info("worker %s serving %s with concurrency %d", self.id, self.queues,
                  self.concurrency)
@@ -240,7 +245,16 @@ class Worker:
 
     async def _listen_for_wakeups(self) -> None:
         """Block on the queues' wake keys; a marker means "there may be work"."""
-        client = self.app.aredis()
+        # A client of its own: its socket timeout must outlast the longest block.
+        client = clients.async_client(
+            self.app.url, socket_timeout=WAKE_BLOCK_SECONDS + 5, socket_connect_timeout=5
+        )
+        try:
+            await self._wait_for_markers(client)
+        finally:
+            await client.aclose()
+
+    async def _wait_for_markers(self, client: Any) -> None:
         wake_keys = [self.app.keys(q).wake for q in self.queues]
         failures = 0
         while True:
