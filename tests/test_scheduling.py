@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -130,7 +131,7 @@ def test_periodic_fires_once_per_tick_with_three_workers(app: conveyor.Conveyor)
                 for key in app.redis.scan_iter(match=q.job_prefix + "*", count=1000)]
     ticks_fired = sorted(recorded)
     assert len(ticks_fired) == len(set(ticks_fired)), f"a tick fired twice: {ticks_fired}"
-    gaps = [b - a for a, b in zip(ticks_fired, ticks_fired[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(ticks_fired)]
     assert all(abs(g - 1.0) < 1e-6 for g in gaps), f"not one job per tick: {ticks_fired}"
     assert all(t == int(t) for t in ticks_fired), "the recorded tick is the schedule's second"
 
