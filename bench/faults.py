@@ -11,6 +11,7 @@ job is lost or the bound is broken.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -32,8 +33,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _ensure_venv() -> None:
+    """Re-run under the repository's virtualenv when this interpreter lacks conveyor."""
+    try:
+        import conveyor  # noqa: F401
+    except ImportError:
+        venv_python = ROOT / ".venv" / "bin" / "python"
+        if venv_python.exists() and not os.environ.get("BENCH_REEXEC"):
+            os.environ["BENCH_REEXEC"] = "1"
+            os.execv(str(venv_python), [str(venv_python), "-m", "bench.faults", *sys.argv[1:]])
+        raise SystemExit("bench.faults needs conveyor installed (make deps)") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    _ensure_venv()
     sys.path.insert(0, str(ROOT / "tests"))
     from apps.ledger import build
     from apps.ledger_fleet import Fleet, kill_storm
