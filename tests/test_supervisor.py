@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from apps import supervised
 from apps.supervision import SupervisorProcess, children_of, conveyor_command
 from helpers import RedisServer, env_with_src
 
@@ -151,3 +152,26 @@ def test_autoscale_grows_on_a_burst_and_shrinks_when_idle(launch: Any) -> None:
     assert "workers (1 live)" in shown and "autoscaling 1..4" in shown
     assert "scale out: 1 -> 4" in shown and "scale in: 2 -> 1" in shown
     print(f"reached 4 children {reached:.1f} s after the burst with {backlog_at_max} jobs ready")
+
+
+def test_max_memory_per_child_recycles_without_loss(launch: Any) -> None:
+    # Every process is over 1 MiB: each one is drained and replaced soon after it starts.
+    sup = launch("-p", "1", "-c", "2", "--max-memory-per-child", "1M")
+    jobs = sup.app.tasks["supervised.work"].enqueue_many([(f"m{n}", 0.3) for n in range(12)])
+    sup.wait(lambda: succeeded(sup, jobs), 60, "every job to succeed", interval=0.1)
+    recycled = sup.wait(lambda: [d for d in sup.decisions() if d["kind"] == "recycle"], 20,
+                        "a recycle decision")
+    assert "MiB" in recycled[0]["text"]
+    assert sup.counts() == {f"m{n}": 1 for n in range(12)}, "a job was lost or ran twice"
+    assert len({pid for _, pid in sup.runs()}) >= 2
+
+
+def test_burst_supervisor_exits_once_the_work_is_done(launch: Any, redis_server: RedisServer,
+                                                      namespace: str) -> None:
+    app = supervised.build(redis_server.url, namespace)  # enqueue before the workers start
+    jobs = app.tasks["supervised.work"].enqueue_many([(f"u{n}", 0.05) for n in range(20)])
+    app.close()
+    sup = launch("-p", "2", "-c", "2", "--burst")
+    assert sup.process is not None
+    assert sup.process.wait(60) == 0, sup.log()
+    assert succeeded(sup, jobs) and sup.counts() == {f"u{n}": 1 for n in range(20)}
