@@ -112,7 +112,7 @@ def dead_purge(app: Conveyor, queue: str, yes: bool) -> None:
 @main.command()
 @app_options
 def info(app: Conveyor) -> None:
-    """Queues with their backlog (ready, scheduled, active, dead)."""
+    """Queues with their backlog, live workers and supervisors, and periodic schedules."""
     table = Table("queue", "ready", "scheduled", "active", "dead", "paused")
     r = app.redis
     for queue in app.known_queues():
@@ -125,3 +125,19 @@ def info(app: Conveyor) -> None:
                       "yes" if paused else "")
     console.print(table)
     show_fleet(app, console)
+    show_schedules(app)
+
+
+def show_schedules(app: Conveyor) -> None:
+    """Periodic jobs of the app (needs --app): cron, last tick fired, next tick."""
+    if not app.periodics:
+        return
+    now = float(app.redis.time()[0])
+    table = Table("periodic", "queue", "cron (UTC)", "last fired", "next", title="schedules")
+    for periodic in app.periodics:
+        key = app.keys(periodic.task.queue).schedule_prefix + periodic.name
+        last = app.redis.get(key)
+        table.add_row(periodic.name, periodic.task.queue, periodic.cron,
+                      when(int(last) / 1000) if last else "never",
+                      when(periodic.next_after(now)))
+    console.print(table)
