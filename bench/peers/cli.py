@@ -62,6 +62,11 @@ def _bench_one(spec: PeerSpec, server: RedisServer, opts: Options, log_dir: Path
     return PeerBench(handle, server, opts, log=print).run()
 
 
+def _load_average() -> str:
+    """Recorded per peer: anything else busy on a 2-core box skews its figures."""
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     opts = _options(args)
@@ -82,7 +87,9 @@ def main(argv: list[str] | None = None) -> None:
                 result = PeerResult(spec.name, spec.title, status=f"n/a: harness error: {exc!r}")
             if result.status != "ok":
                 print(f"  {result.status}")
-            print(f"  ({time.monotonic() - t0:.0f}s)")
+            load = _load_average()
+            result.config.append(f"1-min load average after its run: {load}")
+            print(f"  ({time.monotonic() - t0:.0f}s, load average {load})")
             results.append(result)
             server.flush()
     elapsed = time.monotonic() - started

@@ -168,7 +168,9 @@ METHOD_NOTES = """## Method
   bulk API), timed inside the driver after one warm-up call; median of the runs.
 - Drain: N jobs are enqueued through the peer's API once, the keyspace is snapshotted
   (`DUMP`) and restored (`RESTORE`) before each run; the rate is counted from the first
-  completed job to the last, so worker start-up is excluded. Median of the runs.
+  completed job to the last, so worker start-up is excluded. Median of the runs; a
+  configuration is repeated up to `--runs` times or until 30 s were spent on it, and a
+  run is cut at the drain cap (`*`, excluded from "best peer").
 - Latency: an idle worker, ~20 ms between probes; each probe carries `time.time()` at
   enqueue and the task records `time.time()` at start (same machine). p50/p99 per run,
   median over runs.

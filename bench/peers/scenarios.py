@@ -44,8 +44,8 @@ class Options:
     latency_samples: int = 200
     latency_interval: float = 0.02
     idle_seconds: float = 10.0
-    drain_cap_s: float = 45.0
-    drain_budget_s: float = 60.0
+    drain_cap_s: float = 30.0
+    drain_budget_s: float = 30.0
     """Stop repeating a drain config once its runs took this long in total."""
     peer_budget_s: float = 300.0
 
