@@ -206,18 +206,28 @@ class Worker:
     def _start(self, queue: str, leased: calls.Leased) -> None:
         held = Held(queue, leased)
         self.held[(queue, leased.short_id)] = held
-        held.task = asyncio.create_task(self._execute(held))
+        task = self.app.tasks.get(leased.task)
+        if task is not None and not task.is_async:
+            self.executor.start_sync(held, task, self._finished)
+        else:
+            held.task = asyncio.create_task(self._execute(held))
 
     async def _execute(self, held: Held) -> None:
         try:
             outcome = await self.executor.run(held)
         except asyncio.CancelledError:
-            if (held.queue, held.leased.short_id) not in self.held:
-                return  # handed back unstarted by _release
             outcome = calls.Outcome(
                 held.leased.short_id, held.leased.token, "retry",
                 held.started_at or self.clock.now(), "interrupted: the worker shut down", 0,
             )
+        self._finished(held, outcome)
+
+    def _finished(self, held: Held, outcome: calls.Outcome) -> None:
+        """Record an attempt's outcome and free its slot (once per attempt)."""
+        if (held.queue, held.leased.short_id) not in self.held:
+            return  # already handed back or recorded as interrupted
+        if held.task is not None and not isinstance(held.task, asyncio.Task):
+            held.task.set_result(None)  # a sync attempt's future: the job is settled
         self.outbox.add(held.queue, outcome)
         self.processed += 1
         if self.max_jobs is not None and self.processed >= self.max_jobs and not self._stopping:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,14 @@ class Held:
     queue: str
     leased: Leased
     started_at: float | None = None  # server epoch s when the function began
-    task: asyncio.Task[None] | None = field(default=None, repr=False)
+    # What to wait on or cancel: the coroutine's task (async), a future (sync).
+    task: asyncio.Future[None] | None = field(default=None, repr=False)
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+    @property
+    def withdrawn(self) -> bool:
+        """True once the worker gave the job up (handed back, interrupted, timed out)."""
+        return self.task is not None and self.task.done()
 
 
 def describe(exc: BaseException) -> str:
@@ -75,40 +83,68 @@ class Executor:
         return Outcome(leased.short_id, leased.token, "ok", held.started_at or self.clock.now(),
                        payload)
 
+    def start_sync(self, held: Held, task: Any, done: Callable[[Held, Outcome], None]) -> None:
+        """Run the job of a sync task on a thread; ``done(held, outcome)`` runs on the loop.
+
+        The whole attempt (decode, call, encode) happens in the thread, so a job costs the
+        loop no coroutine and one batched wake-up. A run past the task's timeout is reported
+        at the deadline and its thread abandoned (a supervisor replaces the process).
+        """
+        loop = asyncio.get_running_loop()
+        held.task = loop.create_future()
+        if task.timeout is not None:
+            held.timer = loop.call_later(task.timeout, self._overran, held, task, done)
+
+        def finished(outcome: Outcome | None) -> None:
+            if held.timer is not None:
+                held.timer.cancel()
+            self.stuck.pop(job_id(held.queue, held.leased.short_id), None)
+            if outcome is not None and not held.withdrawn:
+                done(held, outcome)
+
+        self.threads.call(self._attempt_in_thread, (held, task), finished)
+
+    def _attempt_in_thread(self, job: tuple[Held, Any]) -> Outcome | None:
+        held, task = job
+        if held.withdrawn:  # handed back before a thread was free: do not run it
+            return None
+        held.started_at = self.clock.now()
+        leased = held.leased
+        try:
+            args, kwargs = self.app.codec.decode_args(leased.args)
+        except EncodingError as exc:
+            return self._dead(held, str(exc))
+        try:
+            payload = self.app.codec.encode_result(task.fn(*args, **kwargs))
+        except Exception as exc:
+            return self._retry(held, task, describe(exc))
+        return Outcome(leased.short_id, leased.token, "ok", held.started_at, payload)
+
+    def _overran(self, held: Held, task: Any, done: Callable[[Held, Outcome], None]) -> None:
+        if held.withdrawn:
+            return
+        self.abandoned += 1
+        self.stuck[job_id(held.queue, held.leased.short_id)] = time.time()
+        log.error(
+            "task %s (job %s) overran its %s s timeout; its thread cannot be interrupted and"
+            " is abandoned (%d abandoned so far): run workers under the supervisor (-p) so"
+            " the process is replaced", task.name, held.leased.short_id, task.timeout,
+            self.abandoned,
+        )
+        done(held, self._retry(held, task, f"timeout: the task ran longer than {task.timeout} s"))
+
     def _retry(self, held: Held, task: Any, error: str) -> Outcome:
         delay = task.retry_delay(held.leased.attempts)
         return Outcome(held.leased.short_id, held.leased.token, "retry",
                        held.started_at or self.clock.now(), error, int(delay * 1000))
 
     async def _call(self, held: Held, task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        if task.is_async:
-            held.started_at = self.clock.now()
-            if task.timeout is None:
-                return await task.fn(*args, **kwargs)
-            async with asyncio.timeout(task.timeout):
-                return await task.fn(*args, **kwargs)
-        def in_thread() -> Any:
-            held.started_at = self.clock.now()
-            return task.fn(*args, **kwargs)
-
-        future = self.threads.submit(in_thread)
+        """Await an async task's coroutine (sync tasks go through :meth:`start_sync`)."""
+        held.started_at = self.clock.now()
         if task.timeout is None:
-            return await future
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), task.timeout)
-        except TimeoutError:
-            self.abandoned += 1
-            # A supervisor reads this to replace the process that holds the thread.
-            job = job_id(held.queue, held.leased.short_id)
-            self.stuck[job] = time.time()
-            future.add_done_callback(lambda _: self.stuck.pop(job, None))
-            log.error(
-                "task %s (job %s) overran its %s s timeout; its thread cannot be interrupted and"
-                " is abandoned (%d abandoned so far): run workers under the supervisor (-p) so"
-                " the process is replaced", task.name, held.leased.short_id, task.timeout,
-                self.abandoned,
-            )
-            raise
+            return await task.fn(*args, **kwargs)
+        async with asyncio.timeout(task.timeout):
+            return await task.fn(*args, **kwargs)
 
     def shutdown(self) -> None:
         self.threads.shutdown()

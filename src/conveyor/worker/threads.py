@@ -30,7 +30,7 @@ class ThreadRunner:
         self._max = max_threads
         self._name = name
         self._inbox: SimpleQueue[Any] = SimpleQueue()
-        self._done: deque[tuple[asyncio.Future[Any], bool, Any]] = deque()
+        self._done: deque[tuple[Any, bool, Any]] = deque()
         self._lock = threading.Lock()
         self._delivery_scheduled = False
         self._threads: list[threading.Thread] = []
@@ -44,8 +44,19 @@ class ThreadRunner:
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
         """Run ``fn(*args, **kwargs)`` in a thread, in a copy of the caller's context."""
         future: asyncio.Future[Any] = self._loop.create_future()
-        ctx = contextvars.copy_context()
-        self._inbox.put((future, ctx, fn, args, kwargs))
+        self._put((future, contextvars.copy_context(), fn, args, kwargs))
+        return future
+
+    def call(self, fn: Callable[..., Any], arg: Any, on_done: Callable[[Any], None]) -> None:
+        """Run ``fn(arg)`` in a thread and pass what it returns to ``on_done`` on the loop.
+
+        The cheap path for calls that never raise (they return their outcome): no future,
+        no context copy.
+        """
+        self._put((on_done, None, fn, (arg,), {}))
+
+    def _put(self, item: tuple[Any, ...]) -> None:
+        self._inbox.put(item)
         with self._lock:
             start = self._idle == 0 and len(self._threads) < self._max and not self._closed
             if start:
@@ -55,7 +66,6 @@ class ThreadRunner:
                                       daemon=True)
             self._threads.append(thread)
             thread.start()
-        return future
 
     def _serve(self) -> None:
         while True:
@@ -64,14 +74,15 @@ class ThreadRunner:
                 return
             with self._lock:
                 self._idle -= 1
-            future, ctx, fn, args, kwargs = item
+            target, ctx, fn, args, kwargs = item
             try:
-                outcome = (True, ctx.run(fn, *args, **kwargs))
+                value = fn(*args, **kwargs) if ctx is None else ctx.run(fn, *args, **kwargs)
+                outcome = (True, value)
             except BaseException as exc:  # handed to the awaiting coroutine
                 outcome = (False, exc)
             with self._lock:
                 self._idle += 1
-                self._done.append((future, *outcome))
+                self._done.append((target, *outcome))
                 wake = not self._delivery_scheduled
                 self._delivery_scheduled = True
             if wake:
@@ -84,13 +95,16 @@ class ThreadRunner:
         with self._lock:
             done, self._done = self._done, deque()
             self._delivery_scheduled = False
-        for future, ok, value in done:
-            if future.cancelled():
+        for target, ok, value in done:
+            if not isinstance(target, asyncio.Future):
+                target(value) if ok else self._loop.call_exception_handler(
+                    {"message": "a threaded call raised", "exception": value})
+            elif target.cancelled():
                 continue
-            if ok:
-                future.set_result(value)
+            elif ok:
+                target.set_result(value)
             else:
-                future.set_exception(value)
+                target.set_exception(value)
 
     def shutdown(self) -> None:
         """Let idle threads exit; a thread still running a call ends when the call does."""
