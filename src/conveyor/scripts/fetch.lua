@@ -73,10 +73,10 @@ if redis.call('EXISTS', k.paused) == 0 then
         leases[#leases + 1] = now + vt
         leases[#leases + 1] = id
         active[task] = (active[task] or 0) + 1
-        for _, v in ipairs({ id, token, task, f[3] or '', attempts, f[5] or '1',
-                             f[6] or '', f[7] or '', vt }) do
-          jobs[#jobs + 1] = v
-        end
+        local n = #jobs
+        jobs[n + 1], jobs[n + 2], jobs[n + 3], jobs[n + 4] = id, token, task, f[3] or ''
+        jobs[n + 5], jobs[n + 6], jobs[n + 7] = attempts, f[5] or '1', f[6] or ''
+        jobs[n + 8], jobs[n + 9] = f[7] or '', vt
         taken = taken + 1
       end
     end

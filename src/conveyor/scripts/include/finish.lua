@@ -13,13 +13,25 @@ local function free_dedupe_key(dedupe_prefix, key, short_id)
   end
 end
 
+-- Fields that would be empty (no tenant, default priority, no error) are left out.
 local function emit_event(events, maxlen, short_id, job)
-  redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*',
-    'id', short_id, 'task', job.task, 'tenant', job.tenant or '',
-    'priority', job.priority or '5', 'state', job.state, 'attempts', job.attempts,
+  local fields = { 'XADD', events, 'MAXLEN', '~', maxlen, '*',
+    'id', short_id, 'task', job.task, 'state', job.state, 'attempts', job.attempts,
     'enqueued_at', job.enqueued_at or '', 'run_at', job.run_at or '',
-    'started_at', job.started_at or '', 'finished_at', job.finished_at or '',
-    'error', job.error or '')
+    'started_at', job.started_at or '', 'finished_at', job.finished_at or '' }
+  if job.tenant and job.tenant ~= '' then
+    fields[#fields + 1] = 'tenant'
+    fields[#fields + 1] = job.tenant
+  end
+  if job.priority and job.priority ~= '5' then
+    fields[#fields + 1] = 'priority'
+    fields[#fields + 1] = job.priority
+  end
+  if job.error and job.error ~= '' then
+    fields[#fields + 1] = 'error'
+    fields[#fields + 1] = job.error
+  end
+  redis.call(unpack(fields))
 end
 
 -- Move a job to the dead-letter set, trimming the oldest past the cap.

@@ -72,6 +72,5 @@ end
 
 -- Tell one idle worker that there may be work; the list never holds more than one marker.
 local function wake_one(wake)
-  redis.call('LPUSH', wake, '1')
-  redis.call('LTRIM', wake, 0, 0)
+  if redis.call('LLEN', wake) == 0 then redis.call('LPUSH', wake, '1') end
 end
