@@ -262,3 +262,19 @@ def test_pause_and_resume(app: conveyor.Conveyor) -> None:
         app.resume("default")
         assert job.result(timeout=5) == 5
     assert not app.is_paused("default")
+
+
+def test_a_mangled_record_does_not_stop_the_queue(app: conveyor.Conveyor) -> None:
+    @app.task(name="ok")
+    def ok(x: int) -> int:
+        return x
+
+    mangled = ok.enqueue(1)
+    key = app.keys("default").job(mangled.short_id)
+    app.redis.hset(key, mapping={"attempts": "many", "enqueued_at": "yesterday"})
+    app.redis.hdel(key, "task")
+    fine = ok.enqueue_many([(i,) for i in range(20)])
+    with running_worker(app, concurrency=4):
+        assert [j.result(timeout=10) for j in fine] == list(range(20))
+        with pytest.raises(conveyor.JobFailed, match="unknown task ''"):
+            mangled.result(timeout=10)

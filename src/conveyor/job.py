@@ -40,8 +40,17 @@ def _text(value: Any) -> str | None:
 
 
 def _time(value: Any) -> float | None:
-    text = _text(value)
-    return float(text) if text else None
+    try:
+        return float(_text(value) or "")
+    except ValueError:  # absent, or a record edited by hand: shown as unknown
+        return None
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(_text(value) or default)
+    except ValueError:
+        return default
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +104,10 @@ class JobInfo:
             task=_text(get(b"task")) or "",
             queue=queue,
             tenant=_text(get(b"tenant")) or None,
-            priority=int(_text(get(b"priority")) or 5),
+            priority=_int(get(b"priority"), 5),
             state=state,
-            attempts=int(_text(get(b"attempts")) or 0),
-            max_attempts=int(_text(get(b"max_attempts")) or 1),
+            attempts=_int(get(b"attempts"), 0),
+            max_attempts=_int(get(b"max_attempts"), 1),
             enqueued_at=enqueued_at,
             run_at=run_at,
             started_at=started_at,

@@ -65,7 +65,7 @@ if redis.call('EXISTS', k.paused) == 0 then
       -- Cancelled jobs are removed lazily here; their ready count was taken off at cancel.
       if f[1] ~= 'cancelled' then popped_ready = popped_ready + 1 end
       if f[1] == 'ready' then
-        local attempts = tonumber(f[4] or 0) + 1
+        local attempts = (tonumber(f[4]) or 0) + 1
         local token = string.format('%d', token_base + i)
         local vt = tonumber(f[8]) or 30000
         local task = f[2] or ''

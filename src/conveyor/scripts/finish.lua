@@ -62,13 +62,16 @@ for i = 0, n - 1 do
   if f[1] ~= 'active' or f[2] ~= token then
     codes[#codes + 1] = 0
   else
-    local job = { task = f[3], attempts = f[4], enqueued_at = f[7], run_at = f[8],
+    local job = { task = f[3] or '', attempts = f[4] or '0', enqueued_at = f[7], run_at = f[8],
       tenant = f[9], priority = f[10], started_at = started_at, finished_at = now_s }
     done_leases[#done_leases + 1] = id
     done_tasks[job.task] = (done_tasks[job.task] or 0) + 1
-    local waited = tonumber(started_at) - math.max(tonumber(f[7]), tonumber(f[8]))
-    observe(tally, job.task, waited, now / 1000 - tonumber(started_at))
-    if outcome == 'retry' and tonumber(f[4]) >= tonumber(f[5]) then outcome = 'dead' end
+    local enqueued_at, run_at = tonumber(f[7]) or 0, tonumber(f[8]) or 0
+    local waited = (tonumber(started_at) or 0) - math.max(enqueued_at, run_at)
+    observe(tally, job.task, waited, now / 1000 - (tonumber(started_at) or now / 1000))
+    if outcome == 'retry' and (tonumber(f[4]) or 1) >= (tonumber(f[5]) or 1) then
+      outcome = 'dead'
+    end
     if outcome == 'ok' then
       job.state = 'succeeded'
       redis.call('HSET', key, 'state', 'succeeded', 'token', '', 'result', payload,

@@ -29,10 +29,10 @@ for i = 0, n - 1 do
   local f = redis.call('HMGET', key, 'state', 'token', 'task', 'attempts', 'priority', 'tenant')
   if f[1] == 'active' and f[2] == token then
     redis.call('HSET', key, 'state', 'ready', 'token', '',
-      'attempts', math.max(0, tonumber(f[4]) - 1))
+      'attempts', math.max(0, (tonumber(f[4]) or 1) - 1))
     redis.call('ZREM', leases, id)
-    release_active(active, f[3])
-    push_ready(ready_prefix, ring_prefix, priorities, id, f[5], f[6], true)
+    release_active(active, f[3] or '')
+    push_ready(ready_prefix, ring_prefix, priorities, id, f[5] or '5', f[6] or '', true)
     released = released + 1
   end
 end

@@ -74,6 +74,7 @@ class Worker:
         self.held: dict[tuple[str, str], Held] = {}
         self.processed = 0
         self.max_jobs = max_jobs
+        self.supervised = False  # set by a supervisor's child process before it runs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._nudge: asyncio.Event | None = None
@@ -119,7 +120,8 @@ class Worker:
         self._more = dict.fromkeys(self.queues, True)
         self._next_due = dict.fromkeys(self.queues)
         client, runner = self.app.aredis(), self.app.ascripts()
-        self.executor = Executor(self.app, self.clock, self.concurrency)
+        self.executor = Executor(self.app, self.clock, self.concurrency,
+                                 supervised=self.supervised)
         self.outbox = Outbox(self.app, runner)
         self._install_signals()
         await check_server(client)
@@ -164,6 +166,14 @@ class Worker:
                 failures += 1
                 pause = min(RECONNECT_MAX, 0.05 * 2**failures)
                 log.warning("Redis unreachable while fetching (%s); retrying in %.2f s", exc, pause)
+                await asyncio.sleep(pause)
+                continue
+            except redis.exceptions.ResponseError as exc:
+                # Redis refused the fetch (out of memory, a script error): keep serving the
+                # jobs in hand and try again, rather than exit and leave them to expire.
+                failures += 1
+                pause = min(RECONNECT_MAX, 0.05 * 2**failures)
+                log.error("Redis refused the fetch (%s); retrying in %.2f s", exc, pause)
                 await asyncio.sleep(pause)
                 continue
             if took:

@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.worker")
 RETRY_MAX = 5.0
-ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+# A refused script (ResponseError: out of memory, say) is retried like an unreachable
+# server: the outcomes are kept, never dropped.
+ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
+          redis.exceptions.ResponseError)
 
 
 class Outbox:

@@ -13,7 +13,7 @@ local function promote_due(delayed, job_prefix, ready_prefix, ring_prefix, prior
     local job = redis.call('HMGET', job_prefix .. id, 'state', 'priority', 'tenant')
     if job[1] == 'scheduled' or job[1] == 'retrying' then
       redis.call('HSET', job_prefix .. id, 'state', 'ready')
-      push_ready(ready_prefix, ring_prefix, priorities, id, job[2], job[3], true)
+      push_ready(ready_prefix, ring_prefix, priorities, id, job[2] or '5', job[3] or '', true)
       promoted = promoted + 1
     end
   end
@@ -33,12 +33,14 @@ local function reclaim_expired(k, now, limit, cfg, tally)
     local f = redis.call('HMGET', key, 'state', 'task', 'attempts', 'max_attempts',
       'priority', 'tenant', 'key', 'enqueued_at', 'run_at', 'started_at')
     if f[1] == 'active' then
+      -- A hand-edited or partly written record must not make the fetch fail.
+      f[2], f[3], f[5], f[6] = f[2] or '', f[3] or '1', f[5] or '5', f[6] or ''
       local job = { task = f[2], attempts = f[3], priority = f[5], tenant = f[6],
         enqueued_at = f[8], run_at = f[9], started_at = f[10] }
       release_active(k.active, f[2])
       local err = 'lease expired: the worker died or stalled (attempt ' .. f[3] .. ')'
       count(tally, f[2], 'failed', 1)
-      if tonumber(f[3]) >= tonumber(f[4]) then
+      if (tonumber(f[3]) or 1) >= (tonumber(f[4]) or 1) then
         job.state, job.error, job.finished_at = 'dead', err, seconds(now)
         redis.call('HSET', key, 'state', 'dead', 'token', '', 'error', err,
           'finished_at', job.finished_at)
