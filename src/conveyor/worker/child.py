@@ -186,6 +186,7 @@ def main(options: ChildOptions, conn: Connection) -> None:
         worker = app.worker(queues=list(options.queues) or None,
                             concurrency=options.concurrency, grace=options.grace,
                             max_jobs=options.max_jobs)
+        worker.supervised = True  # the supervisor replaces this process if a job gets stuck
         reporter = Reporter(worker, conn)
         reporter.start()
         worker.run(burst=options.burst)

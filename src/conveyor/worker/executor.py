@@ -50,8 +50,10 @@ def describe(exc: BaseException) -> str:
 class Executor:
     """Runs jobs: async tasks on the loop, sync tasks on a bounded set of threads."""
 
-    def __init__(self, app: Conveyor, clock: ServerClock, threads: int) -> None:
+    def __init__(self, app: Conveyor, clock: ServerClock, threads: int, *,
+                 supervised: bool = False) -> None:
         self.app = app
+        self.supervised = supervised  # a supervisor replaces this process when stuck
         self.clock = clock
         self.threads = ThreadRunner(asyncio.get_running_loop(), threads)
         self.abandoned = 0  # sync runs that overran their timeout and still hold a thread
@@ -125,11 +127,12 @@ class Executor:
             return
         self.abandoned += 1
         self.stuck[job_id(held.queue, held.leased.short_id)] = time.time()
+        remedy = ("the supervisor will replace this process" if self.supervised else
+                  "run workers under the supervisor (-p) so the process is replaced")
         log.error(
             "task %s (job %s) overran its %s s timeout; its thread cannot be interrupted and"
-            " is abandoned (%d abandoned so far): run workers under the supervisor (-p) so"
-            " the process is replaced", task.name, held.leased.short_id, task.timeout,
-            self.abandoned,
+            " is abandoned (%d abandoned so far): %s", task.name, held.leased.short_id,
+            task.timeout, self.abandoned, remedy,
         )
         done(held, self._retry(held, task, f"timeout: the task ran longer than {task.timeout} s"))
 
