@@ -9,8 +9,8 @@ import pytest
 
 import conveyor
 from conveyor import keys as keyspace
+from conveyor.monitor import WorkerInfo
 from conveyor.monitor.advice import decide
-from conveyor.monitor.registry import WorkerInfo
 
 NOW = 1_800_000_000.0
 

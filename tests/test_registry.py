@@ -20,7 +20,7 @@ def test_a_running_worker_is_registered_and_leaves_when_stopped(app: conveyor.Co
         records = wait_until(lambda: live_workers(app), 5, message="the worker to register")
         (record,) = records
         assert record.id == worker.id and record.pid == os.getpid()
-        assert record.queues == ["reg"] and record.concurrency == 7 and record.jobs == 0
+        assert record.queues == ("reg",) and record.concurrency == 7 and record.jobs == 0
         assert abs(record.started_at - time.time()) < 30
         key = keyspace.worker_key(app.namespace, worker.id)
         assert 0 < app.redis.ttl(key) <= 30  # expires unless kept alive

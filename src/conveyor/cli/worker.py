@@ -104,8 +104,9 @@ def show_fleet(app: Conveyor, console: Console) -> None:
                       title=f"workers ({len(workers)} live)")
         now = time.time()
         for w in workers:
+            up = "-" if w.started_at is None else f"{max(0.0, now - w.started_at):.0f} s"
             table.add_row(w.id, ",".join(w.queues), str(w.concurrency), str(w.jobs),
-                          str(w.processed), f"{max(0.0, now - w.started_at):.0f} s")
+                          str(w.processed), up)
         console.print(table)
     else:
         console.print("no live workers")

@@ -2,7 +2,9 @@
 
 Everything here reads Redis and changes nothing: the counters, idle times and metric
 buckets are written by the Lua scripts that start and finish jobs, so they cannot drift
-from what happened, and the worker registry is written by the workers themselves.
+from what happened, and the worker registry is written by the workers themselves (its
+reader drops the entries of workers that stopped heartbeating, which a killed worker
+cannot do itself).
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import registry
+from ..worker import registry
+from ..worker.registry import WorkerInfo
 from .advice import Advice, decide
-from .registry import WorkerInfo
 from .stats import (
     Backlog,
     Stats,
@@ -169,8 +171,10 @@ class Monitor:
     # -- capacity and advice ---------------------------------------------------------------
 
     def workers(self) -> list[WorkerInfo]:
-        """Live worker processes from the worker registry (empty when none registered)."""
-        return registry.live_workers(self.app.redis, self.app.namespace, self._server_time())
+        """Live worker processes from the worker registry (empty when none registered),
+        oldest heartbeat first; what counts as live is decided by
+        :func:`conveyor.worker.registry.live_workers`."""
+        return registry.live_workers(self.app, now=self._server_time())
 
     def advice(self, queue: str = "default", target_wait: float = 10,
                deadline: float | dt.datetime | None = None, window: float = 60) -> Advice:

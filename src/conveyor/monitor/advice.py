@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .registry import WorkerInfo
+from ..worker.registry import WorkerInfo
 from .stats import Backlog, Stats
 
 ASSUMED_CONCURRENCY = 32  # a worker's default concurrency, used when none is registered

@@ -4,7 +4,8 @@ Each worker keeps a hash ``{namespace}:worker:<id>`` (host, pid, queues, concurr
 in hand, started at, processed) that expires a few heartbeats after its last one, and a
 member of the sorted set ``{namespace}:workers`` scored by that heartbeat (ms). A worker
 that dies simply stops beating: its hash expires and readers prune its zset member, so no
-one has to clean up after a SIGKILL.
+one has to clean up after a SIGKILL. This module writes the registry and is its only
+reader (:func:`live_workers`), so what counts as alive is decided in one place.
 
 An idle worker must cost Redis almost nothing, so a beat is one pipelined round trip of
 two commands (EXPIRE, ZADD), plus an HSET of the fields that changed since the last beat.
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import math
 import os
 import socket
 import time
@@ -32,7 +35,8 @@ if TYPE_CHECKING:
     from ..app import Conveyor
     from . import Worker
 
-__all__ = ["HEARTBEAT_SECONDS", "WorkerRecord", "keep_registered", "live_workers"]
+__all__ = ["HEARTBEAT_SECONDS", "WorkerInfo", "keep_registered", "live_workers", "serving",
+           "stale_after"]
 
 log = logging.getLogger("conveyor.worker")
 HEARTBEAT_SECONDS = 10.0  # idle budget: 2 commands per beat, 0.2 commands/s
@@ -42,39 +46,56 @@ SUPERVISOR_ENV = "CONVEYOR_SUPERVISOR"  # set in supervised children: the parent
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerRecord:
-    """What a live worker says about itself (as of its last heartbeat)."""
+class WorkerInfo:
+    """One live worker process as it described itself at its last heartbeat."""
 
     id: str
     host: str
     pid: int
-    queues: list[str]
+    queues: tuple[str, ...]
     concurrency: int
-    jobs: int
-    processed: int
-    started_at: float
-    heartbeat: float  # server epoch seconds of the last beat
-    supervisor: str | None
+    jobs: int  # jobs in hand at the last heartbeat
+    started_at: float | None  # epoch s (server clock); None if it did not say
+    last_seen: float  # epoch s (server clock) of the last heartbeat
+    processed: int = 0
+    supervisor: str | None = None  # id of the supervisor that started it, if any
 
     @classmethod
-    def from_hash(cls, worker_id: str, fields: Mapping[bytes, bytes], beat_ms: float
-                  ) -> WorkerRecord:
-        def text(name: str) -> str:
-            return fields.get(name.encode(), b"").decode()
-
-        def number(name: str) -> float:
-            try:
-                return float(text(name))
-            except ValueError:
-                return 0.0
-
+    def from_hash(cls, worker_id: str, fields: Mapping[Any, Any], beat_ms: float
+                  ) -> WorkerInfo:
+        """Parse a registry hash leniently: a field missing or malformed gets a default."""
+        get = {_text(k): _text(v) for k, v in fields.items()}.get
+        started = get("started_at", "")
         return cls(
-            id=worker_id, host=text("host"), pid=int(number("pid")),
-            queues=[q for q in text("queues").split(",") if q],
-            concurrency=int(number("concurrency")), jobs=int(number("jobs")),
-            processed=int(number("processed")), started_at=number("started_at"),
-            heartbeat=beat_ms / 1000, supervisor=text("supervisor") or None,
+            id=worker_id, host=get("host", ""), pid=int(_number(get("pid", "0"))),
+            queues=_queues(get("queues", "")),
+            concurrency=max(1, int(_number(get("concurrency", "1"), 1))),
+            jobs=max(0, int(_number(get("jobs", "0")))),
+            started_at=_number(started) if started else None, last_seen=beat_ms / 1000,
+            processed=max(0, int(_number(get("processed", "0")))),
+            supervisor=get("supervisor") or None,
         )
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
+
+
+def _number(raw: str, default: float = 0.0) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        return default
+
+
+def _queues(raw: str) -> tuple[str, ...]:
+    raw = raw.strip()
+    if raw.startswith("["):  # a JSON list, as some writers of the registry put it
+        try:
+            return tuple(str(q) for q in json.loads(raw))
+        except ValueError:
+            pass
+    return tuple(q.strip() for q in raw.split(",") if q.strip())
 
 
 def describe(worker: Worker, started_at: float) -> dict[str, str]:
@@ -118,7 +139,7 @@ async def keep_registered(worker: Worker, interval: float = HEARTBEAT_SECONDS) -
     """
     app = worker.app
     client = app.aredis()
-    ttl = max(1, int(interval * TTL_BEATS + 0.999))
+    ttl = max(1, math.ceil(stale_after(interval)))
     started_at = worker.clock.now()
     sent: dict[str, str] = {}
     try:
@@ -147,14 +168,28 @@ def server_time(app: Conveyor) -> float:
     return float(sec) + usec / 1e6 if sec else time.time()
 
 
-def live_workers(app: Conveyor, interval: float = HEARTBEAT_SECONDS) -> list[WorkerRecord]:
-    """Workers that beat within the last few heartbeats, oldest first; prunes the dead.
+def stale_after(interval: float = HEARTBEAT_SECONDS) -> float:
+    """Seconds without a heartbeat after which a worker counts as gone (the same span its
+    hash lives after its last beat)."""
+    return interval * TTL_BEATS
+
+
+def live_workers(app: Conveyor, interval: float = HEARTBEAT_SECONDS,
+                 now: float | None = None) -> list[WorkerInfo]:
+    """Workers that beat within :func:`stale_after` seconds, oldest beat first.
+
+    The one reader of the registry (the monitor, the dashboard and the CLI all use it).
+    Its only write is housekeeping: it drops the entries of workers that stopped beating,
+    since a worker killed outright cannot remove its own.
 
     :param app: the application whose namespace is read
     :param interval: the heartbeat interval the workers use
+    :param now: the server's clock (epoch s) when the caller has read it already
     """
     key = keyspace.workers_key(app.namespace)
-    cutoff_ms = int((server_time(app) - interval * TTL_BEATS) * 1000)
+    if now is None:
+        now = server_time(app)
+    cutoff_ms = int((now - stale_after(interval)) * 1000)
     with app.redis.pipeline(transaction=False) as pipe:
         pipe.zremrangebyscore(key, "-inf", cutoff_ms)
         pipe.zrange(key, 0, -1, withscores=True)
@@ -163,12 +198,12 @@ def live_workers(app: Conveyor, interval: float = HEARTBEAT_SECONDS) -> list[Wor
         return []
     with app.redis.pipeline(transaction=False) as pipe:
         for member, _ in members:
-            pipe.hgetall(keyspace.worker_key(app.namespace, member.decode()))
+            pipe.hgetall(keyspace.worker_key(app.namespace, _text(member)))
         hashes: list[dict[bytes, bytes]] = pipe.execute()
     records, gone = [], []
     for (member, score), fields in zip(members, hashes, strict=True):
         if fields:
-            records.append(WorkerRecord.from_hash(member.decode(), fields, score))
+            records.append(WorkerInfo.from_hash(_text(member), fields, score))
         else:
             gone.append(member)
     if gone:  # its hash expired before its zset score fell behind the cutoff
@@ -176,12 +211,6 @@ def live_workers(app: Conveyor, interval: float = HEARTBEAT_SECONDS) -> list[Wor
     return records
 
 
-def capacity(records: list[WorkerRecord], queue: str | None = None) -> tuple[int, int]:
-    """(processes, job slots) of ``records`` serving ``queue`` (any queue when None)."""
-    serving = [r for r in records if queue is None or queue in r.queues]
-    return len(serving), sum(r.concurrency for r in serving)
-
-
-def as_dict(record: WorkerRecord) -> dict[str, Any]:
-    """A JSON-ready view of ``record``."""
-    return {f: getattr(record, f) for f in record.__dataclass_fields__}
+def serving(workers: list[WorkerInfo], queue: str) -> list[WorkerInfo]:
+    """Workers that serve ``queue`` (a worker that names no queue is not counted)."""
+    return [w for w in workers if queue in w.queues]
