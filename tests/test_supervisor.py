@@ -79,6 +79,9 @@ def test_child_stuck_past_its_timeout_is_replaced_then_the_job_dies(launch: Any)
     assert stuck_pids[1] != first, "the retry ran in the process that held the stuck thread"
     replaced = [d for d in sup.decisions() if d["kind"] == "replace"]
     assert replaced and "stuck" in replaced[-1]["text"]
+    # The child knows it is supervised: its log does not ask to run under a supervisor.
+    assert "overran its" in sup.log() and "the supervisor will replace this process" in sup.log()
+    assert "run workers under the supervisor" not in sup.log()
     # Both processes that held a stuck thread are gone, replaced by fresh ones.
     sup.wait(lambda: not set(stuck_pids) & set(sup.children()), 40, "the stuck processes to exit")
     sup.wait_children(1)

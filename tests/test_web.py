@@ -21,7 +21,8 @@ with warnings.catch_warnings():  # starlette nudges towards httpx2; httpx is wha
 
 import conveyor
 from conveyor.web import create_app, series
-from helpers import env_with_src, free_port, wait_until
+from conveyor.worker.published import Publisher
+from helpers import env_with_src, free_port, running_worker, wait_until
 
 XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned=1">'
 
@@ -157,6 +158,54 @@ def test_escapes_job_error_and_arguments(app: conveyor.Conveyor, client: TestCli
     csp = client.get("/").headers["content-security-policy"]
     directives = dict(d.strip().split(" ", 1) for d in csp.split(";"))
     assert directives["script-src"] == "'self'"  # no inline script runs, even if injected
+
+
+def test_workers_page_shows_supervisors_and_their_decisions(app: conveyor.Conveyor,
+                                                            client: TestClient) -> None:
+    now = series.server_time(app)
+    sup = Publisher(app, "sup-<b>1</b>")
+    sup.beat({"host": XSS, "pid": "4242", "queues": "mail,bulk", "concurrency": "8",
+              "children": "4", "active": "3", "target": "4", "started_at": f"{now - 90:.3f}",
+              "processed": "1200", "min": "1", "max": "8", "target_wait": "10",
+              "ready": "600", "rate": "12.50", "p95_wait": "42.000"}, now)
+    sup.decision({"at": now - 30, "kind": "scale out", "before": 1, "after": 4,
+                  "text": f"1 -> 4 worker processes: {XSS}"})
+    sup.decision({"at": now - 5, "kind": "restart",
+                  "text": "worker process 2 (pid 77) died (killed by SIGKILL): replacing it"})
+    fixed = Publisher(app, "fixed")  # no autoscaling, nothing decided yet
+    fixed.beat({"host": "h2", "pid": "1", "queues": "mail", "active": "2", "target": "2"}, now)
+    Publisher(app, "long-gone").beat({"host": "h3", "active": "1"}, now - 3600)
+    with running_worker(app, queues=["mail"], concurrency=3) as worker:
+        data = wait_until(lambda: (d := client.get("/api/workers").json())["workers"] and d,
+                          10, message="the worker in the API")
+        html = client.get("/workers").text
+    (w,) = data["workers"]
+    assert (w["id"], w["queues"], w["concurrency"], w["supervisor"]) == (worker.id, "mail", 3,
+                                                                          None)
+    assert data["capacity"] == 3
+    sups = {s["id"]: s for s in data["supervisors"]}
+    assert set(sups) == {"sup-<b>1</b>", "fixed"}  # the silent one is not live
+    s = sups["sup-<b>1</b>"]
+    assert (s["active"], s["target"], s["min"], s["max"], s["target_wait"]) == (3, 4, 1, 8, 10)
+    assert (s["ready"], s["rate"], s["p95_wait"], s["host"]) == (600, 12.5, 42, XSS)
+    assert [(d["kind"], d["from"], d["to"]) for d in s["decisions"]] == [
+        ("restart", None, None), ("scale out", 1, 4)]  # newest first
+    assert s["decisions"][1]["at"] == pytest.approx(now - 30)
+    assert sups["fixed"]["min"] is None and sups["fixed"]["decisions"] == []
+    api = client.get("/api/supervisors", params={"decisions": 1}).json()
+    one = next(x for x in api["supervisors"] if x["id"] == "sup-<b>1</b>")
+    assert [d["kind"] for d in one["decisions"]] == ["restart"]
+    # The page: escaped text, the scaling bounds, decisions newest first.
+    assert "<script>window" not in html and "<img src=x" not in html and "<b>1" not in html
+    assert html.count("&lt;script&gt;window.__pwned = 1&lt;/script&gt;") == 2  # host, reason
+    assert "sup-&lt;b&gt;1&lt;/b&gt;" in html and "long-gone" not in html
+    assert "3 / 4" in html and "1\u20138, target wait 10.00 s" in html
+    assert "<td>fixed</td>" in html  # the supervisor that does not autoscale
+    decisions = html[html.index('id="decisions"'):]
+    assert decisions.index("killed by SIGKILL") < decisions.index("1 → 4")
+    fixed.remove()
+    ids = [x["id"] for x in client.get("/api/supervisors").json()["supervisors"]]
+    assert ids == ["sup-<b>1</b>"]
 
 
 def test_actions_need_token_and_same_origin(app: conveyor.Conveyor, client: TestClient) -> None:

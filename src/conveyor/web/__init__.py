@@ -7,7 +7,8 @@ Run it with ``conveyor dashboard MODULE:APP`` or mount it in an existing ASGI ap
 
 Pages: ``/`` overview, ``/queues/<queue>`` queue detail and charts, ``/queues/<queue>/jobs``
 scheduled / active / dead jobs with paging, ``/tasks`` task types, ``/jobs`` look-up,
-``/jobs/<id>`` one job, ``/workers`` the worker registry, ``/schedules`` periodic jobs.
+``/jobs/<id>`` one job, ``/workers`` the worker registry with the supervisors and their
+latest decisions, ``/schedules`` periodic jobs.
 Actions are forms that POST to ``/actions/<name>`` (``requeue``, ``purge``, ``cancel``,
 ``pause``, ``resume``) with a CSRF token; see :mod:`conveyor.web.security`.
 
@@ -41,8 +42,20 @@ had is ``null``):
     the job record (fields of :class:`conveyor.JobInfo`) with ``args`` and ``kwargs``;
     404 with ``{error}`` when there is no such job.
 ``/api/workers``
-    ``{capacity, workers: [{id, last_seen, age, host, pid, queues, concurrency, jobs,
-    started_at, fields}]}``.
+    ``{time, capacity, workers: [{id, last_seen, age, host, pid, queues, concurrency,
+    jobs, processed, started_at, supervisor, fields}], supervisors: [...]}``: live
+    workers, most recent heartbeat first, and the supervisors as below (ten decisions
+    each).
+``/api/supervisors?decisions=10``
+    ``{time, supervisors: [{id, last_seen, age, host, pid, queues, concurrency, children,
+    active, target, min, max, target_wait, ready, rate, p95_wait, processed, started_at,
+    fields, decisions: [{at, kind, from, to, text}]}]}``: live worker supervisors as they
+    last published themselves (``children`` processes, ``active`` of them not draining,
+    ``target`` the count it scales to, ``min``/``max``/``target_wait`` ``null`` unless it
+    autoscales; ``ready``, ``rate`` and ``p95_wait`` the queue signals it last read) with
+    their latest ``decisions`` (0 to 50; newest first). A decision's ``kind`` is
+    ``scale out``, ``scale in``, ``restart``, ``replace`` or ``recycle``; ``from`` and
+    ``to`` are process counts (``null`` unless it scaled); ``text`` says why.
 ``/api/schedules``
     ``{time, schedules: [{task, queue, cron, next, last}]}``.
 """

@@ -11,6 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import JobNotFound
+from ..worker.published import DECISIONS_KEPT
 from . import figures, queries, series
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class Api:
             Route("/api/overview", self.overview),
             Route("/api/tasks", self.tasks),
             Route("/api/workers", self.workers),
+            Route("/api/supervisors", self.supervisors),
             Route("/api/schedules", self.schedules),
             Route("/api/queues/{queue}", self.queue),
             Route("/api/queues/{queue}/series", self.series),
@@ -70,9 +72,17 @@ class Api:
         return json_response({"window": window, "tasks": figures.task_types(self.app, window)})
 
     def workers(self, request: Request) -> Response:
-        rows = queries.workers(self.app, series.server_time(self.app))
+        now = series.server_time(self.app)
+        rows = queries.workers(self.app, now)
         capacity = sum(figures._int(w.get("concurrency")) for w in rows)
-        return json_response({"workers": rows, "capacity": capacity})
+        return json_response({"time": now, "workers": rows, "capacity": capacity,
+                              "supervisors": queries.supervisors(self.app, now)})
+
+    def supervisors(self, request: Request) -> Response:
+        now = series.server_time(self.app)
+        kept = int_param(request, "decisions", 10, 0, DECISIONS_KEPT)
+        return json_response({"time": now,
+                              "supervisors": queries.supervisors(self.app, now, kept)})
 
     def schedules(self, request: Request) -> Response:
         now = series.server_time(self.app)

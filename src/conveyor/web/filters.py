@@ -32,6 +32,13 @@ def duration(value: float | None) -> str:
     return f"{value / 3600:.1f} h"
 
 
+def figure(value: float | None) -> str:
+    """A published count or rate: whole numbers without decimals; "-" for none."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
+
+
 def segment(value: str) -> str:
     """``value`` quoted to sit in one path segment of a URL."""
     return quote(value, safe="~")
@@ -46,4 +53,5 @@ def pretty(value: Any) -> str:
 
 
 def install(env: jinja2.Environment) -> None:
-    env.filters.update(when=when, duration=duration, seg=segment, pretty=pretty)
+    env.filters.update(when=when, duration=duration, seg=segment, pretty=pretty,
+                       figure=figure)

@@ -59,6 +59,12 @@ async def read_form(request: Request) -> dict[str, str]:
     return dict(parse_qsl(body.decode("utf-8", errors="replace"), max_num_fields=20))
 
 
+def latest_decisions(supervisors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every supervisor's decisions in one list, newest first, each naming its supervisor."""
+    rows = [{**d, "supervisor": sup["id"]} for sup in supervisors for d in sup["decisions"]]
+    return sorted(rows, key=lambda d: -(d["at"] or 0.0))
+
+
 class Pages:
     """Page and action endpoints bound to one application and one template set."""
 
@@ -157,7 +163,10 @@ class Pages:
         return self.render(request, "job.html", "job", job=job, job_id=job_id)
 
     def workers(self, request: Request) -> Response:
-        return self.render(request, "workers.html", "workers")
+        # Rendered here too (the script then keeps them fresh), so they read without it.
+        sups = queries.supervisors(self.app, series.server_time(self.app))
+        return self.render(request, "workers.html", "workers", supervisors=sups,
+                           decisions=latest_decisions(sups))
 
     def schedules(self, request: Request) -> Response:
         rows = queries.schedules(self.app, series.server_time(self.app))

@@ -7,20 +7,18 @@ the same with ten tenants or a hundred thousand.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from .. import keys as keyspace
 from ..errors import EncodingError
 from ..job import JobInfo
+from ..worker import published, registry
 
 if TYPE_CHECKING:
     from ..app import Conveyor
 
 MAX_TENANTS = 25  # tenants shown per priority level
 TOP_TENANTS = 10
-STALE_AFTER = 60.0  # seconds without a heartbeat after which a worker is not shown
 LISTS = {"scheduled": "delayed", "active": "leases", "dead": "dead"}
 
 
@@ -153,36 +151,63 @@ def job_detail(app: Conveyor, job_id: str) -> dict[str, Any]:
 
 
 def workers(app: Conveyor, now: float) -> list[dict[str, Any]]:
-    """Workers that heartbeated into the registry lately, most recent first."""
-    key = keyspace.workers_key(app.namespace)
-    entries = app.redis.zrange(key, "+inf", (now - STALE_AFTER) * 1000, desc=True,
-                               byscore=True, withscores=True)
-    with app.redis.pipeline(transaction=False) as pipe:
-        for member, _ in entries:
-            pipe.hgetall(keyspace.worker_key(app.namespace, _text(member)))
-        records = pipe.execute()
+    """Live workers of the registry (:func:`~conveyor.worker.registry.live_workers` decides
+    which), most recent heartbeat first."""
     rows = []
-    for (member, score), record in zip(entries, records, strict=True):
-        if not record:  # its hash expired: the worker is gone
-            continue
-        fields = {_text(f): _text(v) for f, v in record.items()}
-        row: dict[str, Any] = {"id": _text(member), "last_seen": score / 1000,
-                               "age": max(0.0, now - score / 1000), "fields": fields}
-        for name in ("host", "pid", "queues", "concurrency", "jobs", "started_at"):
-            row[name] = fields.get(name)
-        row["queues"] = _queue_list(row["queues"])
-        rows.append(row)
+    for w in sorted(registry.live_workers(app, now=now), key=lambda w: -w.last_seen):
+        fields = {"host": w.host, "pid": str(w.pid), "queues": ",".join(w.queues),
+                  "concurrency": str(w.concurrency), "jobs": str(w.jobs),
+                  "processed": str(w.processed)}
+        if w.started_at is not None:
+            fields["started_at"] = f"{w.started_at:.3f}"
+        if w.supervisor:
+            fields["supervisor"] = w.supervisor
+        rows.append({"id": w.id, "last_seen": w.last_seen,
+                     "age": max(0.0, now - w.last_seen), "host": w.host, "pid": w.pid,
+                     "queues": ", ".join(w.queues), "concurrency": w.concurrency,
+                     "jobs": w.jobs, "processed": w.processed, "started_at": w.started_at,
+                     "supervisor": w.supervisor, "fields": fields})
     return rows
 
 
-def _queue_list(raw: str | None) -> str:
-    """The registry's queue list (JSON or comma-separated) as "a, b"."""
-    if raw and raw.startswith("["):
-        try:
-            return ", ".join(str(q) for q in json.loads(raw))
-        except ValueError:
-            pass
-    return raw or ""
+def _figure(raw: str | None) -> float | None:
+    """A published number, None when absent or not a number."""
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def _decision(entry: dict[str, Any]) -> dict[str, Any]:
+    """One published decision with its fields checked: time, kind, from -> to, text."""
+    def count(name: str) -> int | None:
+        value = entry.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    at = entry.get("at")
+    return {"at": float(at) if isinstance(at, int | float) else None,
+            "kind": str(entry.get("kind", "")), "from": count("before"), "to": count("after"),
+            "text": str(entry.get("text", ""))}
+
+
+def supervisors(app: Conveyor, now: float, decisions: int = 10) -> list[dict[str, Any]]:
+    """Live supervisors as they last published themselves, with their latest decisions
+    (newest first), oldest heartbeat first."""
+    rows = []
+    for sup in published.live_supervisors(app, decisions=decisions):
+        f = sup.fields
+        row: dict[str, Any] = {
+            "id": sup.id, "last_seen": sup.heartbeat, "age": max(0.0, now - sup.heartbeat),
+            "host": f.get("host", ""), "pid": f.get("pid", ""),
+            "queues": ", ".join(q for q in f.get("queues", "").split(",") if q),
+            "fields": f,
+            "decisions": [_decision(d) for d in sup.decisions if isinstance(d, dict)],
+        }
+        for name in ("concurrency", "children", "active", "target", "min", "max",
+                     "target_wait", "ready", "rate", "p95_wait", "processed", "started_at"):
+            row[name] = _figure(f.get(name))
+        rows.append(row)
+    return rows
 
 
 def schedules(app: Conveyor, now: float) -> list[dict[str, Any]]:

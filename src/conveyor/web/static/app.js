@@ -190,7 +190,25 @@
             cell(w.concurrency, "n"), cell(w.jobs, "n"), cell(isNaN(started) ? w.started_at : fmt.when(started > 1e11 ? started / 1000 : started)),
             cell(fmt.ago(w.age)), cell(other, "small"));
         }), "No worker has registered. Workers appear here while they heartbeat.", 9);
+        supervisors(data.supervisors || []);
       });
+      /* The same rows the server rendered, kept fresh; text only, never HTML. */
+      const figure = (v) => (v == null ? "-" : String(v));  // as filters.figure renders it
+      function supervisors(sups) {
+        fill(document.querySelector("#supervisors tbody"), sups.map((s) => el("tr", {},
+          cell(s.id, "mono"), cell(s.host), cell(s.pid, "n"), cell(s.queues),
+          cell(`${figure(s.active)} / ${figure(s.target)}`, "n"),
+          cell(s.min == null ? "fixed" : `${figure(s.min)}–${figure(s.max)}, target wait ${fmt.dur(s.target_wait)}`),
+          cell(figure(s.ready), "n"), cell(figure(s.rate), "n"), cell(fmt.dur(s.p95_wait), "n"),
+          cell(fmt.dur(s.age) + " ago"))),
+          "No supervisor is running. Start workers with conveyor worker -p N or --autoscale MIN,MAX to see them here.", 10);
+        const decisions = sups.flatMap((s) => s.decisions.map((d) => ({ ...d, supervisor: s.id })))
+          .sort((a, b) => (b.at || 0) - (a.at || 0));
+        fill(document.querySelector("#decisions tbody"), decisions.map((d) => el("tr", {},
+          cell(fmt.when(d.at)), cell(d.supervisor, "mono"), cell(d.kind),
+          cell(d.from != null && d.to != null ? `${d.from} → ${d.to}` : "", "n"), cell(d.text))),
+          "No decision yet: supervisors record here when they scale, restart, replace or recycle a process.", 5);
+      }
     },
 
     job() {
