@@ -16,6 +16,7 @@ import uvicorn
 
 import conveyor
 from conveyor.web import create_app
+from conveyor.worker.published import Publisher
 from helpers import free_port, running_worker, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
@@ -216,6 +217,25 @@ def test_markup_in_an_error_is_text(app: conveyor.Conveyor, served: str, page: A
     assert XSS in page.locator("#error").inner_text()
     assert page.evaluate("window.__pwned") is None
     assert not page.dialogs
+
+
+def test_workers_page_refreshes_supervisors_as_text(app: conveyor.Conveyor, served: str,
+                                                    page: Any) -> None:
+    page.goto(served + "/workers")
+    assert "No supervisor is running" in page.locator("#supervisors").inner_text()
+    # Published after the page loaded: only the page's live refresh can show it.
+    sup = Publisher(app, "sup-1")
+    sup.beat({"host": XSS, "active": "2", "target": "3", "min": "1", "max": "6",
+              "target_wait": "5"}, time.time())
+    sup.decision({"at": time.time(), "kind": "scale out", "before": 2, "after": 3,
+                  "text": f"jobs wait 9.0 s {XSS}"})
+    row = page.locator("#decisions tbody tr", has_text="scale out")
+    row.wait_for()
+    assert "2 \u2192 3" in row.inner_text() and XSS in row.inner_text()
+    assert XSS in page.locator("#supervisors tbody").inner_text()
+    assert "1\u20136, target wait 5.00 s" in page.locator("#supervisors tbody").inner_text()
+    assert page.evaluate("window.__pwned") is None and not page.dialogs
+    assert page.locator("img[src=x]").count() == 0
 
 
 def test_readme_shows_the_dashboard() -> None:
