@@ -1,10 +1,11 @@
 """A thread pool for sync task bodies, built for many short calls.
 
-``concurrent.futures`` wakes the event loop once per finished call and starts every
-thread it may have. Here, threads start only when calls are waiting and every thread is
-busy (short tasks need few threads, and few threads fight less over the GIL), and
-finished calls are handed to the loop in batches: one wake-up for all that finished
-since the last one.
+``concurrent.futures`` wakes the event loop once per finished call and starts a thread
+for every call that finds none idle. Here, a thread starts only when calls have waited
+a little (``GROW_AFTER``) with every thread busy: short tasks are served by a few threads,
+which fight less over the GIL, while slow blocking tasks still get up to ``max_threads``.
+Finished calls reach the loop in batches: one wake-up for all that finished since the
+last one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from queue import SimpleQueue
 from typing import Any
 
 _STOP = object()
+GROW_AFTER = 0.002  # seconds calls may wait for a busy thread before another one starts
 
 
 class ThreadRunner:
@@ -36,6 +38,7 @@ class ThreadRunner:
         self._threads: list[threading.Thread] = []
         self._idle = 0
         self._closed = False
+        self._grow_scheduled = False
 
     @property
     def threads(self) -> int:
@@ -57,15 +60,29 @@ class ThreadRunner:
 
     def _put(self, item: tuple[Any, ...]) -> None:
         self._inbox.put(item)
+        if not self._threads:
+            self._grow()
+        elif not self._grow_scheduled and self._idle == 0:
+            self._grow_scheduled = True
+            self._loop.call_later(GROW_AFTER, self._grow_if_waiting)
+
+    def _grow_if_waiting(self) -> None:
+        self._grow_scheduled = False
+        if not self._inbox.empty() and self._idle == 0:
+            self._grow()
+            if len(self._threads) < self._max:  # still behind: look again soon
+                self._grow_scheduled = True
+                self._loop.call_later(GROW_AFTER, self._grow_if_waiting)
+
+    def _grow(self) -> None:
         with self._lock:
-            start = self._idle == 0 and len(self._threads) < self._max and not self._closed
-            if start:
-                self._idle += 1  # counted idle until it takes its first call
-        if start:
-            thread = threading.Thread(target=self._serve, name=f"{self._name}-{len(self._threads)}",
-                                      daemon=True)
-            self._threads.append(thread)
-            thread.start()
+            if len(self._threads) >= self._max or self._closed:
+                return
+            self._idle += 1  # counted idle until it takes its first call
+        thread = threading.Thread(target=self._serve, name=f"{self._name}-{len(self._threads)}",
+                                  daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def _serve(self) -> None:
         while True:
