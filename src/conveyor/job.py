@@ -133,6 +133,14 @@ class Job:
         self.id = id
         self.queue, self.short_id = keyspace.split_job_id(id)
 
+    @classmethod
+    def _of(cls, app: Conveyor, queue: str, short_id: str) -> Job:
+        """A handle from parts already known (no parsing: enqueue makes many)."""
+        job = cls.__new__(cls)
+        job._app, job.queue, job.short_id = app, queue, short_id
+        job.id = keyspace.job_id(queue, short_id)
+        return job
+
     def __repr__(self) -> str:
         return f"Job({self.id!r})"
 

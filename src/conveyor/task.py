@@ -207,7 +207,7 @@ class Task(Generic[P, R]):
         return jobs
 
     def _jobs(self, replies: list[tuple[str, bool]]) -> list[Job]:
-        return [Job(self.app, keyspace.job_id(self.queue, short)) for short, _ in replies]
+        return [Job._of(self.app, self.queue, short) for short, _ in replies]
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Store a job that calls this task with these arguments; it is in Redis on return.

@@ -38,15 +38,15 @@ local function observe(tally, task, wait_s, run_s)
   tally.sums[task .. '|rsum'] = (tally.sums[task .. '|rsum'] or 0) + run_s
 end
 
+-- The bucket gets its lifetime from the call that creates one of its fields (the first
+-- write to a bucket always does), so most calls skip the EXPIRE.
 local function write_tally(tally, bucket, ttl)
-  local wrote = false
+  local created = false
   for field, by in pairs(tally.counts) do
-    redis.call('HINCRBY', bucket, field, by)
-    wrote = true
+    if redis.call('HINCRBY', bucket, field, by) == by then created = true end
   end
   for field, by in pairs(tally.sums) do
     redis.call('HINCRBYFLOAT', bucket, field, string.format('%.6f', by))
-    wrote = true
   end
-  if wrote then redis.call('EXPIRE', bucket, ttl) end
+  if created then redis.call('EXPIRE', bucket, ttl) end
 end
