@@ -11,13 +11,20 @@ from conveyor.scripts import calls
 Q = "q"
 
 
-def new(short: str, priority: int = 5, tenant: str = "", **kw: object) -> calls.NewJob:
-    return calls.NewJob(short_id=short, task="t", args=b"[[]]", priority=priority,
-                        tenant=tenant, **kw)  # type: ignore[arg-type]
+Job = tuple[calls.JobSpec, tuple[str, bytes]]
 
 
-def enqueue(app: conveyor.Conveyor, *jobs: calls.NewJob, now: float | None = None) -> list:
-    return app.scripts.run(calls.enqueue(app.keys(Q), jobs, app.limits, now=now))
+def new(short: str, priority: int = 5, tenant: str = "", **kw: object) -> Job:
+    spec = calls.JobSpec(task="t", priority=priority, tenant=tenant, **kw)  # type: ignore[arg-type]
+    return spec, (short, b"[[]]")
+
+
+def enqueue(app: conveyor.Conveyor, *jobs: Job, now: float | None = None) -> list:
+    """One script call per job (a call shares its options across its jobs)."""
+    out = []
+    for spec, job in jobs:
+        out += app.scripts.run(calls.enqueue(app.keys(Q), spec, [job], app.limits, now=now))
+    return out
 
 
 def fetch(app: conveyor.Conveyor, count: int = 10, now: float | None = None) -> calls.Fetched:
@@ -42,8 +49,26 @@ def test_enqueue_stores_record_and_wakes(app: conveyor.Conveyor) -> None:
 
 def test_enqueue_validates_before_writing(app: conveyor.Conveyor) -> None:
     with pytest.raises(redis.ResponseError, match="priority must be an integer 0-9"):
-        enqueue(app, new("a"), new("b", priority=12))
-    assert app.redis.exists(app.keys(Q).job("a")) == 0
+        enqueue(app, new("b", priority=12))
+    spec = calls.JobSpec(task="t", key="k")
+    call = calls.enqueue(app.keys(Q), spec, [("a", b"[[]]"), ("c", b"[[]]")], app.limits)
+    with pytest.raises(redis.ResponseError, match="a dedupe key names one job"):
+        app.scripts.run(call)
+    assert app.redis.keys(f"*{app.namespace}*") == []
+
+
+def test_enqueue_batch_shares_options_and_keeps_order(app: conveyor.Conveyor) -> None:
+    spec = calls.JobSpec(task="t", priority=7, tenant="acme", max_attempts=2)
+    jobs = [(f"j{i}", b"[[%d]]" % i) for i in range(2500)]
+    reply = app.scripts.run(calls.enqueue(app.keys(Q), spec, jobs, app.limits))
+    assert [short for short, _ in reply] == [j for j, _ in jobs]
+    k = app.keys(Q)
+    assert app.redis.lrange(k.ready_prefix + "7:acme", 0, -1) == [j.encode() for j, _ in jobs]
+    assert app.redis.lrange(k.ring_prefix + "7", 0, -1) == [b"acme"]
+    assert int(app.redis.hget(k.counts, "ready")) == 2500
+    info = app.job(f"{Q}~j9").info()
+    assert (info.priority, info.tenant, info.max_attempts) == (7, "acme", 2)
+    assert info.run_at == info.enqueued_at
 
 
 def test_enqueue_with_delay_is_scheduled(app: conveyor.Conveyor) -> None:

@@ -249,16 +249,21 @@ class Conveyor:
 
     # -- storing jobs ----------------------------------------------------------------------
 
-    def _chunks(self, queue: str, jobs: Sequence[calls.NewJob]) -> list[Any]:
+    def _chunks(
+        self, queue: str, spec: calls.JobSpec, jobs: Sequence[tuple[str, bytes]]
+    ) -> list[Any]:
         k = self.keys(queue)
         return [
-            calls.enqueue(k, jobs[i : i + ENQUEUE_CHUNK], self.limits)
+            calls.enqueue(k, spec, jobs[i : i + ENQUEUE_CHUNK], self.limits)
             for i in range(0, len(jobs), ENQUEUE_CHUNK)
         ]
 
-    def store(self, queue: str, jobs: Sequence[calls.NewJob]) -> list[tuple[str, bool]]:
-        """Store encoded jobs in one round trip; (short id, created) for each."""
-        chunks = self._chunks(queue, jobs)
+    def store(
+        self, queue: str, spec: calls.JobSpec, jobs: Sequence[tuple[str, bytes]]
+    ) -> list[tuple[str, bool]]:
+        """Store jobs given as (short id, encoded arguments), all as ``spec`` says, in one
+        round trip; (short id, created) for each."""
+        chunks = self._chunks(queue, spec, jobs)
         if len(chunks) == 1 and queue in self._registered_queues:
             return self.scripts.run(chunks[0])
         with self.redis.pipeline(transaction=False) as pipe:
@@ -270,10 +275,12 @@ class Conveyor:
         return [pair for call, reply in zip(chunks, replies[1:], strict=True)
                 for pair in call.parse(reply)]
 
-    async def astore(self, queue: str, jobs: Sequence[calls.NewJob]) -> list[tuple[str, bool]]:
+    async def astore(
+        self, queue: str, spec: calls.JobSpec, jobs: Sequence[tuple[str, bytes]]
+    ) -> list[tuple[str, bool]]:
         """Async twin of :meth:`store`."""
         client, runner = self._async_pair()
-        chunks = self._chunks(queue, jobs)
+        chunks = self._chunks(queue, spec, jobs)
         if len(chunks) == 1 and queue in self._registered_queues:
             return await runner.run(chunks[0])
         if queue not in self._registered_queues:

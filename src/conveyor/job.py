@@ -85,7 +85,8 @@ class JobInfo:
     ) -> JobInfo:
         """Build from a job hash as HGETALL returns it."""
         get = record.get
-        enqueued_at, run_at = _time(get(b"enqueued_at")), _time(get(b"run_at"))
+        enqueued_at = _time(get(b"enqueued_at"))
+        run_at = _time(get(b"run_at")) or enqueued_at  # stored only when it differs
         started_at, finished_at = _time(get(b"started_at")), _time(get(b"finished_at"))
         state = JobState(_text(get(b"state")) or "ready")
         wait_time = run_time = None

@@ -92,8 +92,8 @@ class Scheduler:
         """Enqueue ``periodic``'s job for ``tick`` unless another worker already did."""
         task = periodic.task
         claim = calls.Claim(periodic.name, round(tick * 1000), only_if_seen)
-        job = task._new_job((), {})
-        call = calls.enqueue(self.app.keys(task.queue), [job], self.app.limits, claim=claim)
+        call = calls.enqueue(self.app.keys(task.queue), task._spec(), [task._new_job((), {})],
+                             self.app.limits, claim=claim)
         stored = await self.app.ascripts().run(call)
         if stored:
             self.fired += 1

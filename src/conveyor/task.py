@@ -176,12 +176,11 @@ class Task(Generic[P, R]):
         copy.job_options = self.job_options.merged(changes)
         return copy
 
-    def _new_job(self, args: Sequence[Any], kwargs: dict[str, Any]) -> calls.NewJob:
+    def _spec(self) -> calls.JobSpec:
+        """What every job enqueued through this task (and its options) shares."""
         o = self.job_options
-        return calls.NewJob(
-            short_id=new_short_id(),
+        return calls.JobSpec(
             task=self.name,
-            args=self.app.codec.encode_args(self.name, tuple(args), kwargs),
             priority=o.priority,
             tenant=o.tenant or "",
             delay_ms=None if o.delay is None else o.delay * 1000,
@@ -191,15 +190,19 @@ class Task(Generic[P, R]):
             visibility_ms=max(1, int(self.visibility_timeout * 1000)),
         )
 
-    def _batch(self, items: Iterable[Any]) -> list[calls.NewJob]:
+    def _new_job(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[str, bytes]:
+        return new_short_id(), self.app.codec.encode_args(self.name, tuple(args), kwargs)
+
+    def _batch(self, items: Iterable[Any]) -> list[tuple[str, bytes]]:
+        encode, name = self.app.codec.encode_args, self.name
         jobs = []
         for item in items:
             if isinstance(item, Mapping):
-                jobs.append(self._new_job((), dict(item)))
+                jobs.append((new_short_id(), encode(name, (), dict(item))))
             elif isinstance(item, tuple | list):
-                jobs.append(self._new_job(item, {}))
+                jobs.append((new_short_id(), encode(name, tuple(item), {})))
             else:
-                jobs.append(self._new_job((item,), {}))
+                jobs.append((new_short_id(), encode(name, (item,), {})))
         if self.job_options.key is not None and len(jobs) > 1:
             raise ConfigurationError(
                 "a dedupe key names one job: use it with enqueue, not enqueue_many"
@@ -215,20 +218,22 @@ class Task(Generic[P, R]):
         :raises SerializationError: an argument cannot be encoded (nothing is written)
         :raises PayloadTooLarge: the encoded arguments are over the limit
         """
-        return self._jobs(self.app.store(self.queue, [self._new_job(args, kwargs)]))[0]
+        stored = self.app.store(self.queue, self._spec(), [self._new_job(args, kwargs)])
+        return self._jobs(stored)[0]
 
     def enqueue_many(self, items: Iterable[Any]) -> list[Job]:
         """Store many jobs in one round trip; each item is a tuple of positional arguments,
         a dict of keyword arguments, or a single argument. The options apply to every job."""
         jobs = self._batch(items)
-        return self._jobs(self.app.store(self.queue, jobs)) if jobs else []
+        return self._jobs(self.app.store(self.queue, self._spec(), jobs)) if jobs else []
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Async twin of :meth:`enqueue`."""
-        return self._jobs(await self.app.astore(self.queue, [self._new_job(args, kwargs)]))[0]
+        return self._jobs(await self.app.astore(
+            self.queue, self._spec(), [self._new_job(args, kwargs)]))[0]
 
     async def aenqueue_many(self, items: Iterable[Any]) -> list[Job]:
         """Async twin of :meth:`enqueue_many`."""
         jobs = self._batch(items)
-        return self._jobs(await self.app.astore(self.queue, jobs)) if jobs else []
+        return self._jobs(await self.app.astore(self.queue, self._spec(), jobs)) if jobs else []
 

@@ -7,7 +7,7 @@ the script's header (a test checks them against the ``.lua`` files). Callers pas
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -32,7 +32,8 @@ KEYS: dict[str, tuple[str, ...]] = {
 }
 ARGV: dict[str, tuple[str, ...]] = {
     "enqueue": ("now", "bucket_seconds", "bucket_ttl", "claim", "claim_tick", "claim_mode",
-                "count"),
+                "task", "priority", "tenant", "delay_ms", "at_ms", "max_attempts", "key",
+                "visibility_ms", "count"),
     "fetch": ("now", "count", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl"),
     "finish": ("now", "retention", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
                "count"),
@@ -70,12 +71,10 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class NewJob(NamedTuple):
-    """One job to store, as the enqueue script takes it (a tuple: cheap to make in bulk)."""
+class JobSpec(NamedTuple):
+    """What every job of one enqueue call shares: its task and its options."""
 
-    short_id: str
     task: str
-    args: bytes
     priority: int = 5
     tenant: str = ""
     delay_ms: float | None = None
@@ -86,15 +85,22 @@ class NewJob(NamedTuple):
 
     def fields(self) -> tuple[Arg, ...]:
         return (
-            self.short_id, self.task, self.args, self.priority, self.tenant,
+            self.task, self.priority, self.tenant,
             "" if self.delay_ms is None else repr(float(self.delay_ms)),
             "" if self.at_ms is None else repr(float(self.at_ms)),
             self.max_attempts, self.key, self.visibility_ms,
         )
 
 
-def _parse_enqueue(reply: list[Any]) -> list[tuple[str, bool]]:
-    return [(_text(reply[i]), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
+def _parse_enqueue(
+    jobs: Sequence[tuple[str, bytes]],
+) -> Callable[[Any], list[tuple[str, bool]]]:
+    def parse(reply: Any) -> list[tuple[str, bool]]:
+        if isinstance(reply, int):  # all stored: the reply is just how many
+            return [(short_id, True) for short_id, _ in jobs]
+        return [(_text(reply[i]), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+    return parse
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,20 +116,22 @@ class Claim:
 
 
 def enqueue(
-    k: QueueKeys, jobs: Sequence[NewJob], limits: Limits, now: float | None = None,
-    claim: Claim | None = None,
+    k: QueueKeys, spec: JobSpec, jobs: Sequence[tuple[str, bytes]], limits: Limits,
+    now: float | None = None, claim: Claim | None = None,
 ) -> ScriptCall[list[tuple[str, bool]]]:
-    """Store ``jobs``; the reply pairs each with (short id, created), or is empty when
-    ``claim`` was already taken."""
+    """Store ``jobs``, given as (short id, encoded arguments), all as ``spec`` says; the
+    reply pairs each with (short id, created), or is empty when ``claim`` was taken."""
     args: list[Arg] = [_now(now), limits.bucket_seconds, limits.bucket_ttl]
     if claim is None:
         args += ["", "", "fire"]
     else:
         args += [claim.name, claim.tick_ms, "seen" if claim.only_if_seen else "fire"]
+    args.extend(spec.fields())
     args.append(len(jobs))
-    for job in jobs:
-        args.extend(job.fields())
-    return _call("enqueue", k, args, _parse_enqueue)
+    for short_id, encoded in jobs:
+        args.append(short_id)
+        args.append(encoded)
+    return _call("enqueue", k, args, _parse_enqueue(jobs))
 
 
 @dataclass(frozen=True, slots=True)

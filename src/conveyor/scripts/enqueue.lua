@@ -1,5 +1,6 @@
 #!lua
--- Store a batch of new jobs and make them ready (or scheduled, when due later).
+-- Store a batch of new jobs of one task with the same options, and make them ready (or
+-- scheduled, when due later). Options are sent once per batch, not once per job.
 --
 -- KEYS[1] job_prefix      job record hashes: job_prefix .. short id
 -- KEYS[2] ready_prefix    ready lists: ready_prefix .. priority .. ':' .. tenant
@@ -19,11 +20,17 @@
 -- ARGV[5] claim_tick      the tick (ms) being claimed
 -- ARGV[6] claim_mode      'fire', or 'seen': only fire if the periodic has fired before
 --                         (a first start records the tick instead of firing for the past)
--- ARGV[7] count           number of jobs that follow, 10 fields each:
---         id, task, args, priority (0-9), tenant, delay_ms ('' = none),
---         at_ms ('' = none), max_attempts, key ('' = none), visibility_ms (lease length)
--- Returns: flat list, per job: short id (an existing one when its key is held), created 0|1;
---          empty when a claim was already taken
+-- ARGV[7] task            task name of every job
+-- ARGV[8] priority        0-9
+-- ARGV[9] tenant          '' for none
+-- ARGV[10] delay_ms       '' or run no sooner than this long after now
+-- ARGV[11] at_ms          '' or run no sooner than this epoch time (ms)
+-- ARGV[12] max_attempts   runs allowed in all
+-- ARGV[13] key            '' or a dedupe key (batches of one job only)
+-- ARGV[14] visibility_ms  lease length
+-- ARGV[15] count          number of jobs that follow, 2 fields each: short id, args
+-- Returns: the number of jobs stored (all of them); or, when a held dedupe key or a taken
+--          claim stops it, a list: { short id of the job holding the key, 0 } or {}
 --@include clock
 --@include ready
 --@include metrics
@@ -33,28 +40,35 @@ local priorities, delayed, counts = KEYS[4], KEYS[5], KEYS[6]
 local dedupe_prefix, wake, metrics_prefix, schedule_prefix = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local bucket_seconds, bucket_ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local claim, claim_tick, claim_mode = ARGV[4], tonumber(ARGV[5]), ARGV[6]
-local n_jobs = tonumber(ARGV[7])
-local FIELDS, FIRST = 10, 8
+local task, priority, tenant = ARGV[7], tonumber(ARGV[8]), ARGV[9]
+local delay_ms, at_ms, max_attempts = ARGV[10], ARGV[11], tonumber(ARGV[12])
+local key, visibility_ms, n_jobs = ARGV[13], tonumber(ARGV[14]), tonumber(ARGV[15])
+local FIRST = 16
 
 -- Validate everything before the first write: a script is never half-applied.
-if not n_jobs or #ARGV ~= FIRST - 1 + n_jobs * FIELDS then
-  return redis.error_reply('ERR enqueue: expected ' .. tostring(n_jobs) .. ' jobs of '
-    .. FIELDS .. ' fields, got ' .. (#ARGV - FIRST + 1) .. ' values')
+if not n_jobs or #ARGV ~= FIRST - 1 + n_jobs * 2 then
+  return redis.error_reply('ERR enqueue: expected ' .. tostring(n_jobs) .. ' jobs of 2 fields,'
+    .. ' got ' .. (#ARGV - FIRST + 1) .. ' values')
+end
+if task == '' then return redis.error_reply('ERR enqueue: task must not be empty') end
+if not priority or priority ~= math.floor(priority) or priority < 0 or priority > 9 then
+  return redis.error_reply('ERR enqueue: priority must be an integer 0-9, got ' .. ARGV[8])
+end
+if not max_attempts or max_attempts < 1 then
+  return redis.error_reply('ERR enqueue: max_attempts must be >= 1')
+end
+if not visibility_ms or visibility_ms <= 0 then
+  return redis.error_reply('ERR enqueue: visibility_ms must be > 0')
+end
+if (delay_ms ~= '' and not tonumber(delay_ms)) or (at_ms ~= '' and not tonumber(at_ms)) then
+  return redis.error_reply('ERR enqueue: delay_ms and at_ms must be numbers or empty')
+end
+if key ~= '' and n_jobs > 1 then
+  return redis.error_reply('ERR enqueue: a dedupe key names one job, got ' .. n_jobs)
 end
 for i = 0, n_jobs - 1 do
-  local base = FIRST + i * FIELDS
-  local p = tonumber(ARGV[base + 3])
-  if ARGV[base] == '' or ARGV[base + 1] == '' then
-    return redis.error_reply('ERR enqueue: job ' .. i .. ' has no id or task')
-  end
-  if not p or p ~= math.floor(p) or p < 0 or p > 9 then
-    return redis.error_reply('ERR enqueue: priority must be an integer 0-9, got ' .. ARGV[base + 3])
-  end
-  if not tonumber(ARGV[base + 7]) or tonumber(ARGV[base + 7]) < 1 then
-    return redis.error_reply('ERR enqueue: max_attempts must be >= 1')
-  end
-  if not tonumber(ARGV[base + 9]) or tonumber(ARGV[base + 9]) <= 0 then
-    return redis.error_reply('ERR enqueue: visibility_ms must be > 0')
+  if ARGV[FIRST + i * 2] == '' then
+    return redis.error_reply('ERR enqueue: job ' .. i .. ' has no id')
   end
 end
 
@@ -66,52 +80,47 @@ if claim ~= '' then
   if not last and claim_mode == 'seen' then return {} end
 end
 
-local now = now_ms(ARGV[1])
-local now_s = seconds(now)
-local out, made_ready, enqueued = {}, 0, {}
-for i = 0, n_jobs - 1 do
-  local base = FIRST + i * FIELDS
-  local id, task, args = ARGV[base], ARGV[base + 1], ARGV[base + 2]
-  local priority, tenant = ARGV[base + 3], ARGV[base + 4]
-  local delay_ms, at_ms, key = ARGV[base + 5], ARGV[base + 6], ARGV[base + 8]
-  local existing = nil
-  if key ~= '' then
-    existing = redis.call('GET', dedupe_prefix .. key)
-    if existing and redis.call('EXISTS', job_prefix .. existing) == 0 then existing = nil end
-  end
-  if existing then
-    out[#out + 1] = existing
-    out[#out + 1] = 0
-  else
-    local due = now
-    if delay_ms ~= '' then due = now + tonumber(delay_ms) end
-    if at_ms ~= '' and tonumber(at_ms) > due then due = tonumber(at_ms) end
-    local state = 'ready'
-    if due > now then state = 'scheduled' end
-    redis.call('HSET', job_prefix .. id, 'task', task, 'args', args, 'state', state,
-      'priority', priority, 'tenant', tenant, 'attempts', 0, 'max_attempts', ARGV[base + 7],
-      'enqueued_at', now_s, 'run_at', seconds(due), 'vt', ARGV[base + 9], 'key', key)
-    if claim ~= '' then redis.call('HSET', job_prefix .. id, 'tick', seconds(claim_tick)) end
-    if key ~= '' then redis.call('SET', dedupe_prefix .. key, id) end
-    if state == 'scheduled' then
-      redis.call('ZADD', delayed, due, id)
-    else
-      push_ready(ready_prefix, ring_prefix, priorities, id, priority, tenant, false)
-      made_ready = made_ready + 1
-    end
-    enqueued[task] = (enqueued[task] or 0) + 1
-    out[#out + 1] = id
-    out[#out + 1] = 1
+if key ~= '' then
+  local existing = redis.call('GET', dedupe_prefix .. key)
+  if existing and redis.call('EXISTS', job_prefix .. existing) == 1 then
+    return { existing, 0 }
   end
 end
 
-if made_ready > 0 then
-  redis.call('HINCRBY', counts, 'ready', made_ready)
+local now = now_ms(ARGV[1])
+local due = now
+if delay_ms ~= '' then due = now + tonumber(delay_ms) end
+if at_ms ~= '' and tonumber(at_ms) > due then due = tonumber(at_ms) end
+local scheduled = due > now
+local state = scheduled and 'scheduled' or 'ready'
+-- Only what differs from the defaults is stored: a queued job costs less memory. Readers
+-- take absent attempts as 0, tenant as none, run_at as enqueued_at.
+local record = { 'task', task, 'state', state, 'priority', ARGV[8],
+  'max_attempts', ARGV[12], 'enqueued_at', seconds(now), 'vt', ARGV[14] }
+if tenant ~= '' then record[#record + 1] = 'tenant'; record[#record + 1] = tenant end
+if scheduled then record[#record + 1] = 'run_at'; record[#record + 1] = seconds(due) end
+if key ~= '' then record[#record + 1] = 'key'; record[#record + 1] = key end
+if claim ~= '' then record[#record + 1] = 'tick'; record[#record + 1] = seconds(claim_tick) end
+local n_fields = #record
+
+local ids = {}
+for i = 0, n_jobs - 1 do
+  local id = ARGV[FIRST + i * 2]
+  record[n_fields + 1], record[n_fields + 2] = 'args', ARGV[FIRST + i * 2 + 1]
+  redis.call('HSET', job_prefix .. id, unpack(record))
+  if scheduled then redis.call('ZADD', delayed, due, id) end
+  ids[i + 1] = id
 end
-if next(enqueued) ~= nil then
+if key ~= '' then redis.call('SET', dedupe_prefix .. key, ids[1]) end
+if not scheduled then
+  push_ready_many(ready_prefix, ring_prefix, priorities, ids, ARGV[8], tenant)
+  redis.call('HINCRBY', counts, 'ready', n_jobs)
+end
+
+if n_jobs > 0 then
   local tally = new_tally()
-  for task, n in pairs(enqueued) do count(tally, task, 'enqueued', n) end
+  count(tally, task, 'enqueued', n_jobs)
   write_tally(tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
   wake_one(wake)
 end
-return out
+return n_jobs

@@ -33,7 +33,7 @@ for _, id in ipairs(ids) do
     if f[1] then
       redis.call('HSET', key, 'state', 'ready', 'attempts', 0, 'token', '', 'run_at', now_s)
       redis.call('HDEL', key, 'started_at', 'finished_at')
-      push_ready(ready_prefix, ring_prefix, priorities, id, f[1], f[2], false)
+      push_ready(ready_prefix, ring_prefix, priorities, id, f[1], f[2] or '', false)
       requeued = requeued + 1
     end
   end

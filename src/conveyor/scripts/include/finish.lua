@@ -17,7 +17,7 @@ end
 local function emit_event(events, maxlen, short_id, job)
   local fields = { 'XADD', events, 'MAXLEN', '~', maxlen, '*',
     'id', short_id, 'task', job.task, 'state', job.state, 'attempts', job.attempts,
-    'enqueued_at', job.enqueued_at or '', 'run_at', job.run_at or '',
+    'enqueued_at', job.enqueued_at or '', 'run_at', job.run_at or job.enqueued_at or '',
     'started_at', job.started_at or '', 'finished_at', job.finished_at or '' }
   if job.tenant and job.tenant ~= '' then
     fields[#fields + 1] = 'tenant'

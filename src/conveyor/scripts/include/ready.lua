@@ -13,6 +13,19 @@ local function push_ready(ready_prefix, ring_prefix, priorities, id, priority, t
   end
 end
 
+-- Append a batch of jobs of one priority and tenant (one RPUSH per thousand).
+local function push_ready_many(ready_prefix, ring_prefix, priorities, ids, priority, tenant)
+  local list = ready_prefix .. priority .. ':' .. tenant
+  local before = redis.call('LLEN', list)
+  for i = 1, #ids, 1000 do
+    redis.call('RPUSH', list, unpack(ids, i, math.min(i + 999, #ids)))
+  end
+  if before == 0 and #ids > 0 then
+    redis.call('RPUSH', ring_prefix .. priority, tenant)
+    redis.call('ZADD', priorities, priority, priority)
+  end
+end
+
 -- Take the next job id: highest priority first, tenants round robin within it.
 -- Returns the id, or nil when nothing is ready.
 local function pop_ready(ready_prefix, ring_prefix, priorities)
