@@ -160,6 +160,8 @@ class Fetched:
 
 
 def _float(value: Any, default: float = 0.0) -> float:
+    if not value:  # absent fields come back empty: no exception on the hot path
+        return default
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -173,7 +175,7 @@ def _parse_fetch(reply: list[Any]) -> Fetched:
             short_id=_text(flat[i]), token=_text(flat[i + 1]), task=_text(flat[i + 2]),
             args=flat[i + 3] if isinstance(flat[i + 3], bytes) else str(flat[i + 3]).encode(),
             attempts=int(flat[i + 4]), max_attempts=int(flat[i + 5]),
-            enqueued_at=_float(flat[i + 6]), run_at=_float(flat[i + 7]),
+            enqueued_at=_float(flat[i + 6]), run_at=_float(flat[i + 7], _float(flat[i + 6])),
             visibility_ms=int(flat[i + 8]),
         )
         for i in range(0, len(flat), 9)
