@@ -25,6 +25,7 @@ import redis.exceptions
 from .. import clients
 from ..schedule import Scheduler
 from ..scripts import calls
+from .backoff import pause_after
 from .clock import ServerClock
 from .executor import Executor, Held
 from .outbox import Outbox
@@ -38,7 +39,6 @@ __all__ = ["Worker"]
 
 log = logging.getLogger("conveyor.worker")
 WAKE_BLOCK_SECONDS = 10.0  # longest BLPOP; also bounds how stale a missed wake-up can be
-RECONNECT_MAX = 5.0
 CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
@@ -162,18 +162,12 @@ class Worker:
             try:
                 took = await self._fill(runner)
                 failures = 0
-            except CONNECTION_ERRORS as exc:
+            except (*CONNECTION_ERRORS, redis.exceptions.ResponseError) as exc:
+                # Unreachable, or refused (out of memory, say): keep serving the jobs in hand
+                # and try again, rather than exit and leave them to expire.
                 failures += 1
-                pause = min(RECONNECT_MAX, 0.05 * 2**failures)
-                log.warning("Redis unreachable while fetching (%s); retrying in %.2f s", exc, pause)
-                await asyncio.sleep(pause)
-                continue
-            except redis.exceptions.ResponseError as exc:
-                # Redis refused the fetch (out of memory, a script error): keep serving the
-                # jobs in hand and try again, rather than exit and leave them to expire.
-                failures += 1
-                pause = min(RECONNECT_MAX, 0.05 * 2**failures)
-                log.error("Redis refused the fetch (%s); retrying in %.2f s", exc, pause)
+                pause = pause_after(failures)
+                log.warning("could not fetch jobs (%s); retrying in %.2f s", exc, pause)
                 await asyncio.sleep(pause)
                 continue
             if took:
@@ -285,7 +279,7 @@ class Worker:
                 failures = 0
             except CONNECTION_ERRORS as exc:
                 failures += 1
-                await asyncio.sleep(min(RECONNECT_MAX, 0.05 * 2**failures))
+                await asyncio.sleep(pause_after(failures))
                 log.debug("wake listener reconnecting after %s", exc)
                 self._wake_all()
                 continue

@@ -18,12 +18,12 @@ import redis.exceptions
 from ..alerts import alerter_for
 from ..job import JobInfo
 from ..scripts import calls
+from .backoff import pause_after
 
 if TYPE_CHECKING:
     from ..app import Conveyor
 
 log = logging.getLogger("conveyor.worker")
-RETRY_MAX = 5.0
 # A refused script (ResponseError: out of memory, say) is retried like an unreachable
 # server: the outcomes are kept, never dropped.
 ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
@@ -62,7 +62,7 @@ class Outbox:
                 failures = 0
             except ERRORS as exc:
                 failures += 1
-                pause = min(RETRY_MAX, 0.05 * 2**failures)
+                pause = pause_after(failures)
                 log.warning("could not record outcomes (%s); retrying in %.2f s", exc, pause)
                 await asyncio.sleep(pause)
                 self._ready.set()
