@@ -106,6 +106,12 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _git_head() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True, check=False, cwd=Path(__file__).parent)  # fmt: skip
+    return out.stdout.strip() or "unknown"
+
+
 def _nproc() -> str:
     return subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip()
 
@@ -129,7 +135,7 @@ def write_markdown(
         f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC (run took {elapsed_s / 60:.1f} min)",
         f"- nproc: {_nproc()}; CPU: {_cpu_model()}",
         f"- Redis {redis_version} (private server, `--save '' --appendonly no`, loopback)",
-        f"- Python {python_version}",
+        f"- Python {python_version}; conveyor from the working tree at commit {_git_head()}",
         "",
         "## Results",
         "",
@@ -144,14 +150,14 @@ def write_markdown(
         status = "" if r.status == "ok" else f" -- **{r.status}**"
         lines.append(f"- **{r.title}** {r.version}{status}")
         lines += [f"  - {c}" for c in r.config]
-    lines += ["", "## Why figures are missing", ""]
-    lines += [
+    missing = [
         f"- {r.title}: {m.label}: {r.value(m.key).reason}"
         for r in results
         if r.status == "ok"
         for m in METRICS
         if r.value(m.key).number is None and r.value(m.key).reason != "no such API"
     ]
+    lines += ["", "## Why figures are missing", "", *(missing or ["- none"])]
     lines += ["", METHOD_NOTES]
     path.write_text("\n".join(lines) + "\n")
 
