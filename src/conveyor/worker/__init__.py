@@ -22,15 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
-from .. import clients
 from ..schedule import Scheduler
 from ..scripts import calls
-from .backoff import pause_after
+from .backoff import CONNECTION_ERRORS, pause_after
 from .clock import ServerClock
 from .executor import Executor, Held
+from .leases import keep_leases
 from .outbox import Outbox
 from .registry import keep_registered
 from .server_check import check_server
+from .wake import WAKE_BLOCK_SECONDS, listen_for_wakeups
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
 __all__ = ["Worker"]
 
 log = logging.getLogger("conveyor.worker")
-WAKE_BLOCK_SECONDS = 10.0  # longest BLPOP; also bounds how stale a missed wake-up can be
-CONNECTION_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 class Worker:
@@ -77,9 +76,9 @@ class Worker:
         self.supervised = False  # set by a supervisor's child process before it runs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
-        self._nudge: asyncio.Event | None = None
+        self.nudge: asyncio.Event | None = None
         self._more: dict[str, bool] = {}
-        self._next_due: dict[str, float | None] = {}
+        self.next_due: dict[str, float | None] = {}
         self._rotation = 0
         self.started = threading.Event()
 
@@ -110,15 +109,15 @@ class Worker:
             log.warning("second stop request: not waiting for running jobs")
             self.grace = 0
         self._stopping = True
-        if self._nudge is not None:
-            self._nudge.set()
+        if self.nudge is not None:
+            self.nudge.set()
 
     async def arun(self, burst: bool = False) -> None:
         """The worker's main coroutine (what :meth:`run` runs on a fresh loop)."""
         self._loop = asyncio.get_running_loop()
-        self._nudge = asyncio.Event()
+        self.nudge = asyncio.Event()
         self._more = dict.fromkeys(self.queues, True)
-        self._next_due = dict.fromkeys(self.queues)
+        self.next_due = dict.fromkeys(self.queues)
         client, runner = self.app.aredis(), self.app.ascripts()
         self.executor = Executor(self.app, self.clock, self.concurrency,
                                  supervised=self.supervised)
@@ -126,8 +125,8 @@ class Worker:
         self._install_signals()
         await check_server(client)
         helpers = [
-            asyncio.create_task(self._listen_for_wakeups(), name="conveyor-wake"),
-            asyncio.create_task(self._heartbeat(runner), name="conveyor-heartbeat"),
+            asyncio.create_task(listen_for_wakeups(self), name="conveyor-wake"),
+            asyncio.create_task(keep_leases(self, runner), name="conveyor-heartbeat"),
             asyncio.create_task(self.outbox.run(), name="conveyor-outbox"),
             asyncio.create_task(keep_registered(self), name="conveyor-registry"),
             asyncio.create_task(
@@ -155,10 +154,10 @@ class Worker:
     # -- consuming -------------------------------------------------------------------------
 
     async def _consume(self, runner: Any, burst: bool) -> None:
-        assert self._nudge is not None
+        assert self.nudge is not None
         failures = 0
         while not self._stopping:
-            self._nudge.clear()
+            self.nudge.clear()
             try:
                 took = await self._fill(runner)
                 failures = 0
@@ -193,7 +192,7 @@ class Worker:
                 continue
             fetched = await runner.run(calls.fetch(self.app.keys(queue), free, self.app.limits))
             self.clock.observe(fetched.now_ms)
-            self._next_due[queue] = fetched.next_due_ms
+            self.next_due[queue] = fetched.next_due_ms
             self._more[queue] = len(fetched.jobs) == free
             if fetched.dead:
                 self.outbox.notify_dead(queue, fetched.dead)
@@ -204,7 +203,7 @@ class Worker:
         return took
 
     def _is_due(self, queue: str) -> bool:
-        due = self._next_due.get(queue)
+        due = self.next_due.get(queue)
         return due is not None and self.clock.seconds_until(due) <= 0
 
     def _start(self, queue: str, leased: calls.Leased) -> None:
@@ -239,14 +238,14 @@ class Worker:
             self._request_stop()
         self.held.pop((held.queue, held.leased.short_id), None)
         self._more[held.queue] = self._more[held.queue] or len(self.held) == 0
-        assert self._nudge is not None
-        self._nudge.set()
+        assert self.nudge is not None
+        self.nudge.set()
 
     async def _sleep(self) -> None:
         """Wait for a wake-up, a free slot, or the earliest due time, whichever comes first."""
-        assert self._nudge is not None
+        assert self.nudge is not None
         timeout = None
-        dues = [d for d in self._next_due.values() if d is not None]
+        dues = [d for d in self.next_due.values() if d is not None]
         if dues and len(self.held) < self.concurrency:
             # A full worker cannot act on a due time (it would wake at once, again and again,
             # once the time has passed); a finishing job nudges it instead.
@@ -255,86 +254,14 @@ class Worker:
             # Busy but the queues looked empty: look again now and then for new work.
             timeout = WAKE_BLOCK_SECONDS if timeout is None else min(timeout, WAKE_BLOCK_SECONDS)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._nudge.wait(), timeout)
+            await asyncio.wait_for(self.nudge.wait(), timeout)
 
-    async def _listen_for_wakeups(self) -> None:
-        """Block on the queues' wake keys; a marker means "there may be work"."""
-        # A client of its own: its socket timeout must outlast the longest block.
-        client = clients.async_client(
-            self.app.url, socket_timeout=WAKE_BLOCK_SECONDS + 5, socket_connect_timeout=5
-        )
-        try:
-            await self._wait_for_markers(client)
-        finally:
-            await client.aclose()
-
-    async def _wait_for_markers(self, client: Any) -> None:
-        wake_keys = [self.app.keys(q).wake for q in self.queues]
-        failures = 0
-        while True:
-            try:
-                reply = await client.blpop(wake_keys, timeout=WAKE_BLOCK_SECONDS)
-                if reply is None:
-                    await self._arm_for_leases(client)
-                failures = 0
-            except CONNECTION_ERRORS as exc:
-                failures += 1
-                await asyncio.sleep(pause_after(failures))
-                log.debug("wake listener reconnecting after %s", exc)
-                self._wake_all()
-                continue
-            if reply is None:
-                continue
-            if len(self.held) >= self.concurrency:
-                # No free slot here: pass the marker on to another worker.
-                await client.lpush(reply[0], b"1")
-                await client.ltrim(reply[0], 0, 0)
-                await asyncio.sleep(0.001)
-            self._wake_all()
-
-    async def _arm_for_leases(self, client: Any) -> None:
-        """After a quiet spell, set the timer for the earliest lease of each queue. A worker
-        that dies holding jobs wakes nobody, and this worker's last fetch may predate the
-        lease: without this its job would wait for the next enqueue to be reclaimed. One
-        command per queue per quiet spell."""
-        for queue in self.queues:
-            first = await client.zrange(self.app.keys(queue).leases, 0, 0, withscores=True)
-            known = self._next_due.get(queue)
-            if first and (known is None or float(first[0][1]) < known):
-                self._next_due[queue] = float(first[0][1])
-                assert self._nudge is not None
-                self._nudge.set()
-
-    def _wake_all(self) -> None:
+    def wake_all(self) -> None:
+        """Look at every queue again now (a wake marker arrived, or Redis came back)."""
         for queue in self.queues:
             self._more[queue] = True
-        assert self._nudge is not None
-        self._nudge.set()
-
-    # -- leases ----------------------------------------------------------------------------
-
-    async def _heartbeat(self, runner: Any) -> None:
-        """Extend the leases of held jobs every third of their visibility timeout."""
-        while True:
-            vts = [h.leased.visibility_ms for h in self.held.values()]
-            interval = max(0.05, min(vts) / 3000) if vts else 1.0
-            await asyncio.sleep(interval)
-            by_queue: dict[str, list[tuple[str, str, int]]] = {}
-            for held in list(self.held.values()):
-                lease = (held.leased.short_id, held.leased.token, held.leased.visibility_ms)
-                by_queue.setdefault(held.queue, []).append(lease)
-            for queue, leases in by_queue.items():
-                try:
-                    codes = await runner.run(calls.heartbeat(self.app.keys(queue), leases))
-                except CONNECTION_ERRORS as exc:
-                    log.warning("could not extend leases (%s); retrying", exc)
-                    continue
-                lost = [lease[0] for lease, code in zip(leases, codes, strict=True)
-                        if not code and (queue, lease[0]) in self.held]
-                if lost:
-                    log.warning("lost the lease of %d job(s) in %s (another worker took them"
-                                " over; their results here will be refused): %s",
-                                len(lost), queue, ", ".join(lost[:5]))
+        assert self.nudge is not None
+        self.nudge.set()
 
     # -- stopping --------------------------------------------------------------------------
 
@@ -366,10 +293,10 @@ class Worker:
 
     async def _hurried(self) -> None:
         """Return once a second stop request has cut the grace period short."""
-        assert self._nudge is not None
+        assert self.nudge is not None
         while self.grace > 0:
-            self._nudge.clear()
-            await self._nudge.wait()
+            self.nudge.clear()
+            await self.nudge.wait()
 
     async def _release(self, unstarted: list[Held]) -> None:
         by_queue: dict[str, list[tuple[str, str]]] = {}

@@ -1,0 +1,71 @@
+"""Waking idle workers: a marker on a queue's wake key means "there may be work".
+
+An idle worker blocks on its queues' wake keys (one BLPOP for all of them), so it sends
+a few commands a minute and starts new work within milliseconds of its enqueue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .. import clients
+from .backoff import CONNECTION_ERRORS, pause_after
+
+if TYPE_CHECKING:
+    from . import Worker
+
+log = logging.getLogger("conveyor.worker")
+WAKE_BLOCK_SECONDS = 10.0  # longest BLPOP; also bounds how stale a missed wake-up can be
+
+
+async def listen_for_wakeups(worker: Worker) -> None:
+    """Block on the queues' wake keys; a marker means "there may be work"."""
+    # A client of its own: its socket timeout must outlast the longest block.
+    client = clients.async_client(
+        worker.app.url, socket_timeout=WAKE_BLOCK_SECONDS + 5, socket_connect_timeout=5
+    )
+    try:
+        await _wait_for_markers(worker, client)
+    finally:
+        await client.aclose()
+
+
+async def _wait_for_markers(worker: Worker, client: Any) -> None:
+    wake_keys = [worker.app.keys(q).wake for q in worker.queues]
+    failures = 0
+    while True:
+        try:
+            reply = await client.blpop(wake_keys, timeout=WAKE_BLOCK_SECONDS)
+            if reply is None:
+                await _arm_for_leases(worker, client)
+            failures = 0
+        except CONNECTION_ERRORS as exc:
+            failures += 1
+            await asyncio.sleep(pause_after(failures))
+            log.debug("wake listener reconnecting after %s", exc)
+            worker.wake_all()
+            continue
+        if reply is None:
+            continue
+        if len(worker.held) >= worker.concurrency:
+            # No free slot here: pass the marker on to another worker.
+            await client.lpush(reply[0], b"1")
+            await client.ltrim(reply[0], 0, 0)
+            await asyncio.sleep(0.001)
+        worker.wake_all()
+
+
+async def _arm_for_leases(worker: Worker, client: Any) -> None:
+    """After a quiet spell, set the timer for the earliest lease of each queue. A worker
+    that dies holding jobs wakes nobody, and this worker's last fetch may predate the
+    lease: without this its job would wait for the next enqueue to be reclaimed. One
+    command per queue per quiet spell."""
+    for queue in worker.queues:
+        first = await client.zrange(worker.app.keys(queue).leases, 0, 0, withscores=True)
+        known = worker.next_due.get(queue)
+        if first and (known is None or float(first[0][1]) < known):
+            worker.next_due[queue] = float(first[0][1])
+            assert worker.nudge is not None
+            worker.nudge.set()
