@@ -173,11 +173,19 @@ class Task(Generic[P, R]):
         """
         copy = object.__new__(Task)
         copy.__dict__.update(self.__dict__)
+        copy.__dict__.pop("_spec_cache", None)
         copy.job_options = self.job_options.merged(changes)
         return copy
 
     def _spec(self) -> calls.JobSpec:
-        """What every job enqueued through this task (and its options) shares."""
+        """What every job enqueued through this task (and its options) shares (made once:
+        the options of a task object never change)."""
+        spec: calls.JobSpec | None = self.__dict__.get("_spec_cache")
+        if spec is None:
+            spec = self.__dict__["_spec_cache"] = self._make_spec()
+        return spec
+
+    def _make_spec(self) -> calls.JobSpec:
         o = self.job_options
         return calls.JobSpec(
             task=self.name,

@@ -76,12 +76,12 @@ class ScriptRunner:
 
         On a pipeline, the reply arrives with the pipeline's results: parse it there.
         """
-        reply = self._scripts[call.name](keys=list(call.keys), args=list(call.args), client=client)
+        reply = self._scripts[call.name](keys=call.keys, args=call.args, client=client)
         return call.parse(reply)
 
     def queue(self, call: ScriptCall[Any], pipeline: Any) -> None:
         """Add ``call`` to ``pipeline``; its raw reply appears in ``pipeline.execute()``."""
-        self._scripts[call.name](keys=list(call.keys), args=list(call.args), client=pipeline)
+        self._scripts[call.name](keys=call.keys, args=call.args, client=pipeline)
 
 
 class AsyncScriptRunner:
@@ -92,6 +92,6 @@ class AsyncScriptRunner:
 
     async def run(self, call: ScriptCall[T], client: Any = None) -> T:
         reply = await self._scripts[call.name](
-            keys=list(call.keys), args=list(call.args), client=client
+            keys=call.keys, args=call.args, client=client
         )
         return call.parse(reply)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, NamedTuple
 
 from ..keys import QueueKeys
@@ -56,8 +57,13 @@ class Limits:
     bucket_ttl: int = 86_400  # lifetime of a metric bucket: the longest stats window
 
 
+@cache
+def _keys(name: str, k: QueueKeys) -> tuple[str, ...]:
+    return tuple(getattr(k, attr) for attr in KEYS[name])
+
+
 def _call(name: str, k: QueueKeys, args: Sequence[Arg], parse: Any = None) -> ScriptCall[Any]:
-    keys = tuple(getattr(k, attr) for attr in KEYS[name])
+    keys = _keys(name, k)
     if parse is None:
         return ScriptCall(name, keys, args)
     return ScriptCall(name, keys, args, parse)
