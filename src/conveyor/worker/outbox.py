@@ -104,10 +104,12 @@ class Outbox:
             asyncio.get_running_loop().create_task(self._call_hooks(queue, short_ids))
 
     async def _call_hooks(self, queue: str, short_ids: list[str]) -> None:
-        client = self.app.aredis()
         keys = self.app.keys(queue)
-        for short in short_ids:
-            record = await client.hgetall(keys.job(short))
+        async with self.app.aredis().pipeline(transaction=False) as pipe:
+            for short in short_ids:  # one round trip for a whole batch of dead jobs
+                pipe.hgetall(keys.job(short))
+            records = await pipe.execute()
+        for short, record in zip(short_ids, records, strict=True):
             if not record:
                 continue
             info = JobInfo.from_record(self.app, queue, short, record)
