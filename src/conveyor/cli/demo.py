@@ -136,6 +136,23 @@ def _run(d: object, concurrency: int, scale: int) -> None:
     worker.stop()
     thread.join(30)
     _summary(app, jobs, elapsed)
+    _clean_up(app)
+
+
+def _clean_up(app: object) -> None:
+    """Remove the demo's keys (its own namespace) so a shared Redis keeps nothing."""
+    from .. import demo as demo_app
+
+    redis_client = demo_app.app.redis
+    pattern = "*" + demo_app.app.namespace + "*"
+    batch = []
+    for key in redis_client.scan_iter(match=pattern, count=1000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            redis_client.delete(*batch)
+            batch.clear()
+    if batch:
+        redis_client.delete(*batch)
 
 
 def _summary(app: object, jobs: list, elapsed: float) -> None:  # type: ignore[type-arg]
@@ -156,9 +173,12 @@ def _summary(app: object, jobs: list, elapsed: float) -> None:  # type: ignore[t
             f"{_pct(values, q) * 1000:.1f} ms" for q in (50, 95, 99)))
     console.print(table)
     dead = demo_app.app.dead_letters("newsletter").list(limit=10)
-    dead_table = Table("job", "tenant", "attempts", "reason", title=f"dead letters ({len(dead)})")
+    dead_table = Table(title=f"dead letters ({len(dead)})")
+    dead_table.add_column("tenant", no_wrap=True)
+    dead_table.add_column("attempts", justify="right")
+    dead_table.add_column("reason", ratio=1)
     for d in dead:
-        dead_table.add_row(d.id, d.tenant or "", str(d.attempts), (d.error or "").splitlines()[0])
+        dead_table.add_row(d.tenant or "", str(d.attempts), (d.error or "").splitlines()[0])
     console.print(dead_table)
     urgent = [i for i in infos if i.priority == 9 and i.wait_time is not None]
     if urgent:
