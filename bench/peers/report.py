@@ -1,9 +1,11 @@
 """The comparison table (terminal and ``bench/RESULTS.md``).
 
-Rows are metrics, columns are the ceiling, the peers, conveyor, and
+Rows are metrics, columns are the ceiling, the peers, conveyor, then
 "conveyor / best peer": conveyor's figure divided by the best *peer*'s (the
-ceiling is not a peer).  For rows where lower is better a ratio below 1 is
-good; the row label says which way is better.
+ceiling is not a peer), and "conveyor / ceiling": conveyor's figure divided by
+the plain redis-py pattern's, where the ceiling has that metric.  For rows
+where lower is better a ratio below 1 is good; the row label says which way
+is better.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from pathlib import Path
 from .results import METRICS, Metric, PeerResult, Value
 
 RATIO_HEADER = "conveyor / best peer"
+CEILING_RATIO_HEADER = "conveyor / ceiling"
 
 
-def fmt(value: Value) -> str:
+def fmt(value: Value, integer: bool = False) -> str:
     if value.number is None:
         return f"n/a ({value.reason})" if value.reason else "n/a"
     n = value.number
-    text = f"{n:,.0f}" if abs(n) >= 100 else f"{n:,.2f}" if abs(n) >= 1 else f"{n:.3f}"
+    text = f"{n:,.0f}" if integer or abs(n) >= 100 else f"{n:,.2f}" if abs(n) >= 1 else f"{n:.3f}"
     return text + ("*" if value.partial else "")
 
 
@@ -35,7 +38,12 @@ def _best_peer(metric: Metric, peers: Sequence[PeerResult]) -> tuple[float, str]
     ]
     if not scored:
         return None
-    return max(scored) if metric.higher_is_better else min(scored)
+    if metric.higher_is_better:
+        best = max(n for n, _ in scored)
+    else:  # closest to zero: a negative lateness (started early) is no better than late
+        best = min((n for n, _ in scored), key=abs)
+    tied = [title for n, title in scored if n == best]
+    return best, ", ".join(tied) if len(tied) <= 2 else f"{len(tied)} peers"
 
 
 def ratio(metric: Metric, results: Sequence[PeerResult]) -> str:
@@ -44,29 +52,45 @@ def ratio(metric: Metric, results: Sequence[PeerResult]) -> str:
     best = _best_peer(metric, peers)
     if conveyor is None or best is None:
         return "n/a"
-    mine = conveyor.value(metric.key).number
+    return _ratio_text(conveyor.value(metric.key).number, best[0], f" ({best[1]})")
+
+
+def ceiling_ratio(metric: Metric, results: Sequence[PeerResult]) -> str:
+    """conveyor against the plain redis-py pattern, where both have the figure."""
+    conveyor = next((r for r in results if r.name == "conveyor"), None)
+    ceiling = next((r for r in results if r.name == "ceiling"), None)
+    if conveyor is None or ceiling is None or ceiling.status != "ok":
+        return "n/a"
+    ref = ceiling.value(metric.key)
+    if ref.number is None or ref.partial:
+        return "n/a"
+    return _ratio_text(conveyor.value(metric.key).number, ref.number, "")
+
+
+def _ratio_text(mine: float | None, ref: float, who: str) -> str:
     if mine is None:
         return "n/a"
-    if best[0] == 0:  # a ratio to zero means nothing; say how far off instead
-        return f"= ({best[1]})" if mine == 0 else f"+{mine:.3g} vs 0 ({best[1]})"
-    return f"{mine / best[0]:.2f}x ({best[1]})"
+    if ref == 0:  # a ratio to zero means nothing; say how far off instead
+        return f"={who}" if mine == 0 else f"+{mine:.3g} vs 0{who}"
+    return f"{mine / ref:.2f}x{who}"
 
 
 def _cell(result: PeerResult, metric: Metric, short: bool) -> str:
     if result.status != "ok":
         return "n/a"
-    text = fmt(result.value(metric.key))
+    text = fmt(result.value(metric.key), metric.integer)
     return "n/a" if short and text.startswith("n/a") else text
 
 
 def table_rows(results: Sequence[PeerResult], short: bool = True) -> list[list[str]]:
     """Header row then one row per metric; *short* drops n/a reasons."""
-    header = ["metric", *(r.title for r in results), RATIO_HEADER]
+    header = ["metric", *(r.title for r in results), RATIO_HEADER, CEILING_RATIO_HEADER]
     rows = [header]
     for m in METRICS:
         arrow = "higher" if m.higher_is_better else "lower"
         label = f"{m.label} ({m.unit}, {arrow} is better)"
-        rows.append([label, *(_cell(r, m, short) for r in results), ratio(m, results)])
+        cells = [_cell(r, m, short) for r in results]
+        rows.append([label, *cells, ratio(m, results), ceiling_ratio(m, results)])
     return rows
 
 
@@ -180,6 +204,15 @@ METHOD_NOTES = """## Method
 - Latency: an idle worker, ~20 ms between probes; each probe carries `time.time()` at
   enqueue and the task records `time.time()` at start (same machine). p50/p99 per run,
   median over runs.
+- Delayed jobs: a fresh idle worker (default profile; RQ's with `--with-scheduler`),
+  then 100 delayed probes 50 ms apart per run, delays 0.2-1.0 s in whole ms spread
+  evenly (golden-ratio steps, so they do not fall due together). Each probe's argument
+  is its due time, computed by the enqueuer as `time.time()` + delay just before the
+  call; the task records `time.time()` - due at start. Lateness p50/p99 per run, median
+  over runs; "started before due" counts negative samples over all runs. SAQ's
+  `scheduled=` takes whole epoch seconds, so its due times are rounded up to the next
+  second (and the task carries that rounded time). A probe not started 10 s after the
+  last was due fails the step.
 - Idle: after the latency probes and a 2 s pause, `INFO stats` `total_commands_processed`
   deltas (minus the harness's own INFO calls; Lua scripts count every inner
   `redis.call`) and the CPU time of the worker's whole process tree from `/proc`.

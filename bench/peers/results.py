@@ -14,6 +14,8 @@ class Metric:
     label: str
     unit: str
     higher_is_better: bool
+    integer: bool = False
+    """Shown without decimals (a count)."""
 
 
 METRICS: tuple[Metric, ...] = (
@@ -25,6 +27,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("drain_best", "drain, best for 2 cores", "jobs/s", True),
     Metric("lat_p50", "enqueue-to-start latency p50", "ms", False),
     Metric("lat_p99", "enqueue-to-start latency p99", "ms", False),
+    Metric("late_p50", "delayed job lateness p50", "ms", False),
+    Metric("late_p99", "delayed job lateness p99", "ms", False),
+    Metric("late_early", "delayed jobs started before due", "jobs, all runs", False, True),
     Metric("idle_cmds", "idle worker: Redis commands", "cmd/s", False),
     Metric("idle_cpu", "idle worker: CPU", "% core", False),
     Metric("mem_per_job", "Redis memory per queued job", "bytes", False),

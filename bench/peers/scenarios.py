@@ -25,6 +25,7 @@ from .venvs import REPO_ROOT
 
 COUNTER_KEY = "bench:done"  # must match drivers/common.py
 LATENCY_KEY = "bench:latency"
+DELAYED_KEYS = ("late_p50", "late_p99", "late_early")
 POLL_S = 0.005
 STARTUP_TIMEOUT_S = 60.0
 
@@ -47,7 +48,14 @@ class Options:
     drain_cap_s: float = 30.0
     drain_budget_s: float = 30.0
     """Stop repeating a drain config once its runs took this long in total."""
-    peer_budget_s: float = 300.0
+    delayed_jobs: int = 100
+    """Delayed probes per run, ``delayed_interval`` s apart."""
+    delayed_interval: float = 0.05
+    delayed_min_s: float = 0.2
+    delayed_max_s: float = 1.0
+    delayed_cap_s: float = 10.0
+    """A probe not started this long after the last one was due fails the step."""
+    peer_budget_s: float = 360.0
 
     @classmethod
     def quick(cls, **overrides: Any) -> Options:
@@ -58,6 +66,7 @@ class Options:
             "mem_jobs": 2_000,
             "latency_samples": 50,
             "idle_seconds": 3.0,
+            "delayed_jobs": 30,
             "drain_cap_s": 15.0,
             "peer_budget_s": 120.0,
         }
@@ -97,6 +106,9 @@ class PeerBench:
         profiles = self.info["profiles"]
         self.result.config = [f"{k}: {v['description']}" for k, v in profiles.items()]
         self.result.config += list(self.info.get("notes", []))
+        delayed = self.info.get("delayed") or {}
+        prefix = "delayed jobs: " if delayed.get("mode") else "delayed jobs: n/a -- "
+        self.result.config.append(prefix + str(delayed.get("api", "no delayed jobs")))
         self._step(list(MODE_METRIC.values()), self.enqueue_rates)
         snap = self._step(["mem_per_job"], self.fill_and_snapshot)
         for profile in ("default", "best"):
@@ -106,6 +118,7 @@ class PeerBench:
             elif profile in profiles:
                 self._step([key], functools.partial(self.drain, profile, snap))
         self._step(["lat_p50", "lat_p99", "idle_cmds", "idle_cpu"], self.latency_and_idle)
+        self._step(list(DELAYED_KEYS), self.delayed_lateness)
         return self.result
 
     def _step(self, keys: list[str], fn: Callable[[], Any]) -> Any:
@@ -255,6 +268,67 @@ class PeerBench:
             f"  [{self.h.spec.name}] idle: {statistics.median(cmds):.1f} cmd/s, "
             f"{statistics.median(cpus):.2f}% CPU"
         )
+
+    # ------------------------------------------------------------------ delayed jobs
+    def delayed_lateness(self) -> None:
+        """Lateness of delayed jobs on one idle worker (default profile).
+
+        Each probe carries its due time (enqueue time + delay) and the task
+        records ``started - due``; a negative sample is a job that started early.
+        """
+        spec = self.info.get("delayed") or {}
+        if not spec.get("mode"):
+            for k in DELAYED_KEYS:
+                self.result.values[k] = Value(reason=str(spec.get("api") or "no delayed jobs"))
+            return
+        self.server.flush()
+        group = self._start(str(spec.get("profile") or "default"), 1, burst=False)
+        try:
+            self.h.call("latency", "--n", "1", "--interval", "0", timeout=60)
+            self._wait_for(group, 1, STARTUP_TIMEOUT_S)
+            self._delayed_runs(group)
+        finally:
+            group.stop()
+
+    def _delayed_runs(self, group: WorkerGroup) -> None:
+        o = self.opts
+        n, p50s, p99s, early, earliest = o.delayed_jobs, [], [], 0, math.inf
+        for run in range(o.runs):
+            self.server.client.delete(LATENCY_KEY)
+            sent = self.h.call(
+                "delayed",
+                "--n", str(n),
+                "--interval", str(o.delayed_interval),
+                "--min-delay", str(o.delayed_min_s),
+                "--max-delay", str(o.delayed_max_s),
+                timeout=60 + n * o.delayed_interval * 2,
+            )  # fmt: skip
+            wait = max(0.0, float(sent["last_due"]) - time.time()) + o.delayed_cap_s
+            target = 1 + n * (run + 1)
+            _, count = self._wait_for(group, target, wait, strict=False)
+            if count < target:
+                raise StepError(
+                    f"{target - count} of {n} delayed jobs had not started "
+                    f"{o.delayed_cap_s:.0f}s after the last was due"
+                )
+            samples = [float(x) * 1000 for x in self.server.client.lrange(LATENCY_KEY, 0, -1)]
+            p50s.append(percentile(samples, 0.50))
+            p99s.append(percentile(samples, 0.99))
+            early += sum(1 for x in samples if x < 0)
+            earliest = min(earliest, *samples)
+        self.result.values["late_p50"] = Value.median(p50s)
+        self.result.values["late_p99"] = Value.median(p99s)
+        self.result.values["late_early"] = Value(float(early))
+        self.log(
+            f"  [{self.h.spec.name}] delayed lateness p50 {statistics.median(p50s):.2f} ms, "
+            f"p99 {statistics.median(p99s):.2f} ms, {early}/{n * o.runs} early "
+            f"(earliest {earliest:.1f} ms)"
+        )
+        if early:
+            self.result.config.append(
+                f"delayed: {early} of {n * o.runs} jobs started before due, the earliest "
+                f"{-earliest:.0f} ms before"
+            )
 
     # ------------------------------------------------------------------ helpers
     def _calibrate_info(self) -> int:

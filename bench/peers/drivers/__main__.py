@@ -32,6 +32,11 @@ def _parser() -> argparse.ArgumentParser:
     lat = sub.add_parser("latency", help="enqueue N timestamped probes")
     lat.add_argument("--n", type=int, required=True)
     lat.add_argument("--interval", type=float, default=0.02)
+    dly = sub.add_parser("delayed", help="enqueue N delayed probes carrying their due time")
+    dly.add_argument("--n", type=int, required=True)
+    dly.add_argument("--interval", type=float, default=0.05)
+    dly.add_argument("--min-delay", type=float, default=0.2)
+    dly.add_argument("--max-delay", type=float, default=1.0)
     wrk = sub.add_parser("worker", help="run a worker in the foreground")
     wrk.add_argument("--profile", default="default")
     wrk.add_argument("--burst", action="store_true")
@@ -56,6 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "latency":
         driver.latency(args.n, args.interval)
         _emit({"sent": args.n})
+    elif args.command == "delayed":
+        last_due = driver.send_delayed(args.n, args.interval, args.min_delay, args.max_delay)
+        _emit({"sent": args.n, "last_due": last_due})
     elif args.command == "worker":
         driver.run_worker(args.profile, args.burst)
 

@@ -43,6 +43,8 @@ class ArqDriver(Driver):
         "best": Profile(2, "2 processes x run_worker, max_jobs=64, poll_delay=0.05 s"),
     }
     notes = ("enqueue = await pool.enqueue_job('incr', ts)",)
+    delayed = "async"
+    delayed_api = "await pool.enqueue_job('incr', due, _defer_by=seconds)"
 
     def __init__(self) -> None:
         self.pool: ArqRedis | None = None
@@ -57,6 +59,10 @@ class ArqDriver(Driver):
     async def aenqueue_one(self, ts: float) -> None:
         assert self.pool is not None
         await self.pool.enqueue_job("incr", ts)
+
+    async def aenqueue_delayed(self, due_ts: float, delay_s: float) -> None:
+        assert self.pool is not None
+        await self.pool.enqueue_job("incr", due_ts, _defer_by=delay_s)
 
     def run_worker(self, profile: str, burst: bool) -> None:
         run_worker(BestSettings if profile == "best" else WorkerSettings)  # type: ignore[arg-type]

@@ -20,6 +20,15 @@ FILL_BATCH = 1000
 
 SYNC_MODES = ("sync", "bulk")
 
+GOLDEN = 0.6180339887498949
+"""Spreads the delayed-job delays evenly over their range without a pattern that
+would make several jobs fall due at the same moment."""
+
+
+def delay_for(i: int, low: float, high: float) -> float:
+    """The *i*-th probe's delay in seconds, whole milliseconds (every peer takes ms)."""
+    return round(low + (high - low) * ((i * GOLDEN) % 1.0), 3)
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -45,6 +54,13 @@ class Driver:
     profiles: ClassVar[dict[str, Profile]]
     """``default`` (1 process, defaults) and ``best`` (tuned for 2 cores)."""
     notes: ClassVar[tuple[str, ...]] = ()
+    delayed: ClassVar[str] = ""
+    """``sync`` or ``async``: which delayed-job primitive the driver implements;
+    empty when the peer has no delayed jobs in its public API."""
+    delayed_api: ClassVar[str] = "no delayed jobs in its public API"
+    """The call used for delayed jobs, or why there is none (shown in the report)."""
+    delayed_profile: ClassVar[str] = "default"
+    """Worker profile for the delayed-job scenario (RQ needs its scheduler on)."""
 
     # ---- primitives (override) ---------------------------------------------------
     def setup(self) -> None:
@@ -68,6 +84,18 @@ class Driver:
     async def aenqueue_batch(self, tss: Sequence[float]) -> None:
         raise NotImplementedError
 
+    def enqueue_delayed(self, due_ts: float, delay_s: float) -> float | None:
+        """Enqueue a job that runs ``delay_s`` from now; its argument is ``due_ts``.
+
+        Returns the due time actually requested when the peer's API cannot
+        express ``due_ts`` exactly (the task must then carry that one), else None.
+        """
+        raise NotImplementedError
+
+    async def aenqueue_delayed(self, due_ts: float, delay_s: float) -> float | None:
+        """Async twin of :meth:`enqueue_delayed`."""
+        raise NotImplementedError
+
     def run_worker(self, profile: str, burst: bool) -> None:
         """Run (or ``exec``) a worker in the foreground until signalled."""
         raise NotImplementedError
@@ -85,6 +113,11 @@ class Driver:
             "modes": list(self.modes),
             "profiles": {k: asdict(v) for k, v in self.profiles.items()},
             "notes": list(self.notes),
+            "delayed": {
+                "mode": self.delayed,
+                "api": self.delayed_api,
+                "profile": self.delayed_profile,
+            },
         }
 
     def time_enqueue(self, mode: str, n: int, runs: int) -> list[float]:
@@ -120,6 +153,36 @@ class Driver:
                 await asyncio.sleep(interval)
 
         asyncio.run(self._arun(probes))
+
+    def send_delayed(self, n: int, interval: float, low: float, high: float) -> float:
+        """Enqueue *n* delayed probes *interval* s apart; returns the last due time.
+
+        Each probe's argument is its due time (enqueue time + delay), so the task
+        body records lateness (``started - due``; negative = started early).
+        """
+        last_due = 0.0
+
+        def one(i: int) -> tuple[float, float]:
+            delay = delay_for(i, low, high)
+            return time.time() + delay, delay
+
+        if self.delayed == "sync":
+            self._setup_once()
+            for i in range(n):
+                due, delay = one(i)
+                last_due = max(last_due, self.enqueue_delayed(due, delay) or due)
+                time.sleep(interval)
+            return last_due
+
+        async def probes() -> float:
+            nonlocal last_due
+            for i in range(n):
+                due, delay = one(i)
+                last_due = max(last_due, await self.aenqueue_delayed(due, delay) or due)
+                await asyncio.sleep(interval)
+            return last_due
+
+        return float(asyncio.run(self._arun(probes)))
 
     # ---- helpers -------------------------------------------------------------------
     _is_setup = False

@@ -44,6 +44,8 @@ class BullMQDriver(Driver):
         "best": Profile(2, "2 processes, Worker concurrency 32"),
     }
     notes = ("enqueue = await queue.add(); bulk = await queue.addBulk([...])",)
+    delayed = "async"
+    delayed_api = "await queue.add('incr', {'ts': due}, {'delay': milliseconds})"
 
     def __init__(self) -> None:
         self.queue: Queue | None = None
@@ -62,6 +64,10 @@ class BullMQDriver(Driver):
     async def aenqueue_batch(self, tss: Sequence[float]) -> None:
         assert self.queue is not None
         await self.queue.addBulk([{"name": "incr", "data": {"ts": ts}} for ts in tss])
+
+    async def aenqueue_delayed(self, due_ts: float, delay_s: float) -> None:
+        assert self.queue is not None
+        await self.queue.add("incr", {"ts": due_ts}, {"delay": round(delay_s * 1000)})
 
     def run_worker(self, profile: str, burst: bool) -> None:
         asyncio.run(_serve(32 if profile == "best" else None))

@@ -47,6 +47,7 @@ class CeilingDriver(Driver):
         "best": Profile(2, "2 processes, LMOVE/INCR/LREM pipelined x100"),
     }
     notes = ("bulk = LPUSH pipelined x100",)
+    delayed_api = "plain lists: the pattern has no delayed jobs"
 
     def __init__(self) -> None:
         self.r: redis.Redis | None = None

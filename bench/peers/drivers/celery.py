@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import UTC, datetime
 
 from celery import Celery
 
@@ -42,9 +43,14 @@ class CeleryDriver(Driver):
         ),
     }
     notes = ("enqueue = task.delay(); no result backend",)
+    delayed = "sync"
+    delayed_api = "incr.apply_async(args=(due,), eta=due as an aware datetime)"
 
     def enqueue_one(self, ts: float) -> None:
         incr.delay(ts)
+
+    def enqueue_delayed(self, due_ts: float, delay_s: float) -> None:
+        incr.apply_async(args=(due_ts,), eta=datetime.fromtimestamp(due_ts, tz=UTC))
 
     def run_worker(self, profile: str, burst: bool) -> None:
         argv = [sys.executable, "-m", "celery", "-A", __name__, "worker", "-Q", QUEUE,

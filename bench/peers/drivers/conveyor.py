@@ -33,12 +33,17 @@ class ConveyorDriver(Driver):
         "best": Profile(2, "2 processes x app.worker(concurrency=64) (= -p 2 -c 64)"),
     }
     notes = ("sync task, plain redis.Redis per process for the INCR",)
+    delayed = "sync"
+    delayed_api = "incr.options(delay=seconds).enqueue(due)"
 
     def enqueue_one(self, ts: float) -> None:
         incr.enqueue(ts)
 
     def enqueue_batch(self, tss: Sequence[float]) -> None:
         incr.enqueue_many([(ts,) for ts in tss])
+
+    def enqueue_delayed(self, due_ts: float, delay_s: float) -> None:
+        incr.options(delay=delay_s).enqueue(due_ts)
 
     async def aenqueue_one(self, ts: float) -> None:
         await incr.aenqueue(ts)

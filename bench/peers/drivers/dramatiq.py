@@ -33,9 +33,14 @@ class DramatiqDriver(Driver):
         "best": Profile(1, "`dramatiq -p 2 -t 16`"),
     }
     notes = ("enqueue = actor.send(); group() sends one message at a time, so no bulk",)
+    delayed = "sync"
+    delayed_api = "incr.send_with_options(args=(due,), delay=milliseconds)"
 
     def enqueue_one(self, ts: float) -> None:
         incr.send(ts)
+
+    def enqueue_delayed(self, due_ts: float, delay_s: float) -> None:
+        incr.send_with_options(args=(due_ts,), delay=round(delay_s * 1000))
 
     def run_worker(self, profile: str, burst: bool) -> None:
         argv = [sys.executable, "-m", "dramatiq", __name__, "-Q", QUEUE]

@@ -31,9 +31,14 @@ class HueyDriver(Driver):
         "best": Profile(1, "`huey_consumer -k process -w 2`"),
     }
     notes = ("results stored (RedisHuey default)",)
+    delayed = "sync"
+    delayed_api = "incr.schedule(args=(due,), delay=seconds); consumer's scheduler (1 s tick)"
 
     def enqueue_one(self, ts: float) -> None:
         incr(ts)
+
+    def enqueue_delayed(self, due_ts: float, delay_s: float) -> None:
+        incr.schedule(args=(due_ts,), delay=delay_s)
 
     def run_worker(self, profile: str, burst: bool) -> None:
         argv = [sys.executable, "-m", "huey.bin.huey_consumer", f"{__name__}.huey", "-q"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 
 import redis
 from rq import Queue
@@ -31,6 +32,12 @@ class RQDriver(Driver):
         "best": Profile(1, "`rq worker-pool -n 2 -w rq.worker.SimpleWorker` (no fork per job)"),
     }
     notes = ("bulk = Queue.enqueue_many(Queue.prepare_data(...)), one pipeline",)
+    delayed = "sync"
+    delayed_api = (
+        "queue.enqueue_in(timedelta, incr, due); worker `rq worker --with-scheduler` "
+        "(the scheduled registry keeps whole seconds)"
+    )
+    delayed_profile = "scheduler"
 
     def __init__(self) -> None:
         self.queue: Queue | None = None
@@ -46,6 +53,10 @@ class RQDriver(Driver):
         assert self.queue is not None
         self.queue.enqueue_many([Queue.prepare_data(incr, (ts,)) for ts in tss])
 
+    def enqueue_delayed(self, due_ts: float, delay_s: float) -> None:
+        assert self.queue is not None
+        self.queue.enqueue_in(timedelta(seconds=delay_s), incr, due_ts)
+
     def run_worker(self, profile: str, burst: bool) -> None:
         cli = [sys.executable, "-m", "rq.cli"]
         common = ["--url", redis_url(), "--quiet"]
@@ -53,6 +64,8 @@ class RQDriver(Driver):
             argv = [*cli, "worker-pool", *common, "-n", "2", "-w", "rq.worker.SimpleWorker", QUEUE]
         else:
             argv = [*cli, "worker", *common, QUEUE]
+            if profile == "scheduler":  # delayed jobs are moved to the queue by it
+                argv.insert(-1, "--with-scheduler")
         os.execv(sys.executable, argv)
 
 

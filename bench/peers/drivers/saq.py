@@ -7,6 +7,7 @@ bulk *enqueue*.  Workers are the ``saq`` CLI (default concurrency 10);
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Any
@@ -35,6 +36,11 @@ class SaqDriver(Driver):
         "best": Profile(1, "`saq best_settings --workers 2` (concurrency 32)"),
     }
     notes = ("enqueue = await queue.enqueue('incr', ts=ts)",)
+    delayed = "async"
+    delayed_api = (
+        "await queue.enqueue('incr', scheduled=epoch seconds); `scheduled` is a whole "
+        "second, so each due time is rounded up to the next second"
+    )
 
     def __init__(self) -> None:
         self.queue: Queue | None = None
@@ -50,6 +56,12 @@ class SaqDriver(Driver):
     async def aenqueue_one(self, ts: float) -> None:
         assert self.queue is not None
         await self.queue.enqueue("incr", ts=ts)
+
+    async def aenqueue_delayed(self, due_ts: float, delay_s: float) -> float:
+        assert self.queue is not None
+        scheduled = math.ceil(due_ts)  # the API takes int epoch seconds
+        await self.queue.enqueue("incr", scheduled=scheduled, ts=float(scheduled))
+        return float(scheduled)
 
     def run_worker(self, profile: str, burst: bool) -> None:
         argv = [sys.executable, "-m", "saq", "--quiet"]

@@ -10,6 +10,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from streaq import Worker
@@ -43,6 +44,8 @@ class StreaqDriver(Driver):
         "best": Profile(1, "`streaq run module:best_worker --workers 2` (concurrency 32)"),
     }
     notes = ("bulk = await worker.enqueue_many([...]), one pipeline",)
+    delayed = "async"
+    delayed_api = "await incr.enqueue(due).start(delay=timedelta)"
 
     def __init__(self) -> None:
         self.stack = contextlib.AsyncExitStack()
@@ -58,6 +61,9 @@ class StreaqDriver(Driver):
 
     async def aenqueue_batch(self, tss: Sequence[float]) -> None:
         await worker.enqueue_many([incr.enqueue(ts) for ts in tss])
+
+    async def aenqueue_delayed(self, due_ts: float, delay_s: float) -> None:
+        await incr.enqueue(due_ts).start(delay=timedelta(seconds=delay_s))
 
     def run_worker(self, profile: str, burst: bool) -> None:
         target = "best_worker" if profile == "best" else "worker"

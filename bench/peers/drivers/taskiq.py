@@ -34,6 +34,10 @@ class TaskiqDriver(Driver):
         "best": Profile(1, "`taskiq worker --workers 2`"),
     }
     notes = ("enqueue = await task.kiq(ts); taskiq-redis RedisStreamBroker",)
+    delayed_api = (
+        "only through a separate `taskiq scheduler` process and a schedule source "
+        "(schedule_by_time; whole seconds, sources re-read once a minute by default)"
+    )
 
     async def asetup(self) -> None:
         await broker.startup()
