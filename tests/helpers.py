@@ -133,3 +133,87 @@ def env_with_src() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root / "tests"),
                                          env.get("PYTHONPATH", "")])
     return env
+
+
+REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+class RedisCluster:
+    """A private 3-primary Redis Cluster: one redis-server per node, each on a free port
+    in its own folder, joined with ``redis-cli --cluster create``."""
+
+    def __init__(self, primaries: int = 3) -> None:
+        self.nodes = []
+        for _ in range(primaries):
+            node = RedisServer(extra=["--cluster-enabled", "yes", "--cluster-config-file",
+                                      "nodes.conf", "--cluster-node-timeout", "5000"])
+            node.port = _cluster_port()
+            self.nodes.append(node)
+
+    @property
+    def url(self) -> str:
+        """A conveyor URL naming the first node as the startup node."""
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}/0"
+
+    def start(self) -> RedisCluster:
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        subprocess.run([REDIS_CLI, "--cluster", "create", *addresses, "--cluster-replicas",
+                        "0", "--cluster-yes"], check=True, capture_output=True, timeout=30)
+
+        def ready() -> bool:
+            for node in self.nodes:
+                client = node.client()
+                try:
+                    info = client.execute_command("CLUSTER INFO")  # parsed into a dict
+                finally:
+                    client.close()
+                if info.get("cluster_state") != "ok":
+                    return False
+            return True
+
+        wait_until(ready, 20, interval=0.1, message="cluster_state:ok on every node")
+        return self
+
+    def node_of(self, key: str) -> int:
+        """The port of the primary that owns ``key``'s slot (CLUSTER KEYSLOT + CLUSTER
+        SLOTS, asked of the servers themselves)."""
+        client = self.nodes[0].client()
+        try:
+            slot = int(client.execute_command("CLUSTER KEYSLOT", key))
+            for start, end, primary, *_ in client.execute_command("CLUSTER SLOTS"):
+                if int(start) <= slot <= int(end):
+                    return int(primary[1])
+        finally:
+            client.close()
+        raise AssertionError(f"no node owns the slot of {key!r}")
+
+    def commands_processed(self) -> int:
+        """``total_commands_processed`` summed over the nodes."""
+        total = 0
+        for node in self.nodes:
+            client = node.client()
+            try:
+                total += int(client.info("stats")["total_commands_processed"])
+            finally:
+                client.close()
+        return total
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            node.cleanup()

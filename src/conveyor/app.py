@@ -266,6 +266,8 @@ class Conveyor:
         chunks = self._chunks(queue, spec, jobs)
         if len(chunks) == 1 and queue in self._registered_queues:
             return self.scripts.run(chunks[0])
+        if not self.scripts.pipelined:  # a cluster: its pipelines refuse script calls
+            return self._store_apart(queue, chunks)
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.sadd(keyspace.queues_key(self.namespace), queue)
             for call in chunks:
@@ -274,6 +276,14 @@ class Conveyor:
         self._registered_queues.add(queue)
         return [pair for call, reply in zip(chunks, replies[1:], strict=True)
                 for pair in call.parse(reply)]
+
+    def _store_apart(self, queue: str, chunks: list[Any]) -> list[tuple[str, bool]]:
+        """:meth:`store` without a pipeline: register the queue once, then one script call
+        per chunk (each in the queue's slot, so each reaches the node that owns it)."""
+        if queue not in self._registered_queues:
+            self.redis.sadd(keyspace.queues_key(self.namespace), queue)
+            self._registered_queues.add(queue)
+        return [pair for call in chunks for pair in self.scripts.run(call)]
 
     async def astore(
         self, queue: str, spec: calls.JobSpec, jobs: Sequence[tuple[str, bytes]]

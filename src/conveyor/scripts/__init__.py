@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any, Generic, TypeVar
 
 from redis.asyncio import Redis as AsyncRedis
+from redis.cluster import RedisCluster
 from redis.commands.core import AsyncScript, Script
 
 T = TypeVar("T")
@@ -66,10 +67,17 @@ class ScriptCall(Generic[T]):
 
 class ScriptRunner:
     """Runs :class:`ScriptCall` values through redis-py's ``Script`` (EVALSHA, reloading
-    the script when the server answers NOSCRIPT, e.g. after a restart or SCRIPT FLUSH)."""
+    the script when the server answers NOSCRIPT, e.g. after a restart or SCRIPT FLUSH).
+
+    On a Redis Cluster client, ``Script`` routes EVALSHA by its first key's slot and loads
+    a missing script on every primary; but a cluster pipeline refuses EVALSHA, so there
+    :attr:`pipelined` is false and callers send script calls one by one.
+    """
 
     def __init__(self, client: Any) -> None:
         self._scripts = {name: Script(client, source(name)) for name in SCRIPT_NAMES}
+        #: whether :meth:`queue` may add calls to this client's pipelines
+        self.pipelined = not isinstance(client, RedisCluster)
 
     def run(self, call: ScriptCall[T], client: Any = None) -> T:
         """Execute ``call`` on ``client`` (default: the client this runner was made with).

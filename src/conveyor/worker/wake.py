@@ -1,14 +1,20 @@
 """Waking idle workers: a marker on a queue's wake key means "there may be work".
 
 An idle worker blocks on its queues' wake keys (one BLPOP for all of them), so it sends
-a few commands a minute and starts new work within milliseconds of its enqueue.
+a few commands a minute and starts new work within milliseconds of its enqueue. On a
+Redis Cluster one BLPOP may only name keys of one slot, so there the worker blocks once
+per slot its queues hash to (in practice once per queue), each as cheap as the one BLPOP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import redis.exceptions
+from redis.crc import key_slot
 
 from .. import clients
 from .backoff import CONNECTION_ERRORS, pause_after
@@ -18,6 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.worker")
 WAKE_BLOCK_SECONDS = 10.0  # longest BLPOP; also bounds how stale a missed wake-up can be
+# A cluster mid-failover or mid-resharding answers with errors of its own: wait and retry.
+ERRORS = (*CONNECTION_ERRORS, redis.exceptions.ClusterError,
+          redis.exceptions.RedisClusterException)
 
 
 async def listen_for_wakeups(worker: Worker) -> None:
@@ -27,21 +36,33 @@ async def listen_for_wakeups(worker: Worker) -> None:
         worker.app.url, socket_timeout=WAKE_BLOCK_SECONDS + 5, socket_connect_timeout=5
     )
     try:
-        await _wait_for_markers(worker, client)
+        if clients.is_cluster(worker.app.url):
+            await asyncio.gather(*(_wait_for_markers(worker, client, queues)
+                                   for queues in _by_slot(worker)))
+        else:
+            await _wait_for_markers(worker, client, worker.queues)
     finally:
         await client.aclose()
 
 
-async def _wait_for_markers(worker: Worker, client: Any) -> None:
-    wake_keys = [worker.app.keys(q).wake for q in worker.queues]
+def _by_slot(worker: Worker) -> list[list[str]]:
+    """The worker's queues grouped by the cluster slot of their wake keys."""
+    groups: dict[int, list[str]] = {}
+    for queue in worker.queues:
+        groups.setdefault(key_slot(worker.app.keys(queue).wake.encode()), []).append(queue)
+    return list(groups.values())
+
+
+async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) -> None:
+    wake_keys = [worker.app.keys(q).wake for q in queues]
     failures = 0
     while True:
         try:
             reply = await client.blpop(wake_keys, timeout=WAKE_BLOCK_SECONDS)
             if reply is None:
-                await _arm_for_leases(worker, client)
+                await _arm_for_leases(worker, client, queues)
             failures = 0
-        except CONNECTION_ERRORS as exc:
+        except ERRORS as exc:
             failures += 1
             await asyncio.sleep(pause_after(failures))
             log.debug("wake listener reconnecting after %s", exc)
@@ -57,12 +78,12 @@ async def _wait_for_markers(worker: Worker, client: Any) -> None:
         worker.wake_all()
 
 
-async def _arm_for_leases(worker: Worker, client: Any) -> None:
+async def _arm_for_leases(worker: Worker, client: Any, queues: Sequence[str]) -> None:
     """After a quiet spell, set the timer for the earliest lease of each queue. A worker
     that dies holding jobs wakes nobody, and this worker's last fetch may predate the
     lease: without this its job would wait for the next enqueue to be reclaimed. One
     command per queue per quiet spell."""
-    for queue in worker.queues:
+    for queue in queues:
         first = await client.zrange(worker.app.keys(queue).leases, 0, 0, withscores=True)
         known = worker.next_due.get(queue)
         if first and (known is None or float(first[0][1]) < known):

@@ -1,0 +1,216 @@
+"""The same code on a real Redis Cluster: three primaries, queues spread over them.
+
+Each queue's keys share its hash tag, so each script call lands on the node owning that
+tag's slot; these tests pick queue names whose tags land on different nodes and check it
+with the servers' own CLUSTER KEYSLOT and CLUSTER SLOTS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.asyncio.cluster
+import redis.cluster
+
+import conveyor
+from conveyor import clients
+from conveyor.worker import wake
+from helpers import RedisCluster, running_worker, wait_until
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    made = RedisCluster().start()
+    yield made
+    made.cleanup()
+
+
+@pytest.fixture
+def capp(cluster: RedisCluster) -> Iterator[conveyor.Conveyor]:
+    application = conveyor.Conveyor(cluster.url, namespace=f"t{uuid.uuid4().hex[:10]}")
+    yield application
+    application.close()
+
+
+def spread_queues(app: conveyor.Conveyor, cluster: RedisCluster) -> list[str]:
+    """One queue name per node: names whose hash tags land on distinct primaries."""
+    by_node: dict[int, str] = {}
+    for i in range(200):
+        name = f"q{i}"
+        by_node.setdefault(cluster.node_of(app.keys(name).tag), name)
+        if len(by_node) == len(cluster.nodes):
+            break
+    assert len(by_node) == len(cluster.nodes), "no queue names cover every node"
+    return [by_node[node.port] for node in cluster.nodes]
+
+
+def test_a_cluster_url_makes_cluster_clients(capp: conveyor.Conveyor) -> None:
+    assert isinstance(capp.redis, redis.cluster.RedisCluster)
+    assert not capp.scripts.pipelined
+
+    async def async_client_kind() -> object:
+        client = capp.aredis()
+        await capp.aclose()
+        return client
+
+    assert isinstance(asyncio.run(async_client_kind()), redis.asyncio.cluster.RedisCluster)
+    assert clients.is_cluster("rediss+cluster://h:1/0")
+    assert not clients.is_cluster("redis://h:1/0")
+    with pytest.raises(conveyor.ConfigurationError, match="only database 0"):
+        clients.sync_client("redis+cluster://127.0.0.1:1/2")
+
+
+def test_jobs_on_queues_spread_over_the_nodes(
+    capp: conveyor.Conveyor, cluster: RedisCluster
+) -> None:
+    queues = spread_queues(capp, cluster)
+    tasks = [capp.task(name=f"add.{q}", queue=q)(lambda x, y: x + y) for q in queues]
+    single = [task.enqueue(i, 1) for i, task in enumerate(tasks)]
+    many = [job for task in tasks for job in task.enqueue_many([(1, 2), (3, 4)])]
+
+    async def enqueue_async() -> list[conveyor.Job]:
+        try:
+            return [await task.aenqueue(10, 10) for task in tasks]
+        finally:
+            await capp.aclose()
+
+    asynced = asyncio.run(enqueue_async())
+    for job, node in zip(single, cluster.nodes, strict=True):
+        # The record lives on the node that owns the queue's slot, and only there.
+        short = job.id.split("~")[1]
+        assert node.client().exists(capp.keys(job.queue).job(short)) == 1
+    assert sorted(capp.known_queues()) == sorted(queues)
+    with running_worker(capp, queues=queues, concurrency=4):
+        assert [j.result(timeout=15) for j in single] == [1, 2, 3]
+        assert [j.result(timeout=15) for j in many] == [3, 7] * 3
+        assert [j.result(timeout=15) for j in asynced] == [20] * 3
+    info = single[0].info()
+    assert info.state == conveyor.JobState.SUCCEEDED and info.attempts == 1
+
+
+def test_delayed_jobs_run_when_due(capp: conveyor.Conveyor, cluster: RedisCluster) -> None:
+    queues = spread_queues(capp, cluster)
+    tasks = [capp.task(name=f"echo.{q}", queue=q)(lambda x: x) for q in queues]
+    with running_worker(capp, queues=queues, concurrency=4):
+        jobs = [task.options(delay=0.6).enqueue(i) for i, task in enumerate(tasks)]
+        assert jobs[0].info().state == conveyor.JobState.SCHEDULED
+        assert [j.result(timeout=15) for j in jobs] == [0, 1, 2]
+    for job in jobs:
+        info = job.info()
+        assert info.started_at is not None and info.run_at is not None
+        assert info.started_at >= info.run_at >= info.enqueued_at + 0.5
+
+
+def test_retries_end_in_dead_letters_and_requeue(
+    capp: conveyor.Conveyor, cluster: RedisCluster
+) -> None:
+    queue = spread_queues(capp, cluster)[1]
+    healed = threading.Event()
+    runs: list[int] = []
+    dead: list[conveyor.JobInfo] = []
+
+    @capp.task(queue=queue, retries=1, backoff=0.01)
+    def flaky(n: int) -> int:
+        runs.append(n)
+        if not healed.is_set():
+            raise RuntimeError(f"boom {n}")
+        return n
+
+    capp.on_dead(dead.append)
+    job = flaky.enqueue(7)
+    with running_worker(capp, queues=[queue], concurrency=2):
+        with pytest.raises(conveyor.JobFailed, match="boom 7"):
+            job.result(timeout=15)
+        wait_until(lambda: dead, 10, message="on_dead hook")
+    assert runs == [7, 7] and dead[0].id == job.id
+    letters = capp.dead_letters(queue)
+    assert [i.id for i in letters.list()] == [job.id]
+    assert letters.requeue() == 1
+    healed.set()
+    with running_worker(capp, queues=[queue], concurrency=2):
+        assert job.result(timeout=15) == 7
+    assert letters.list() == []
+
+
+def test_priorities_order_a_queue(capp: conveyor.Conveyor, cluster: RedisCluster) -> None:
+    queue = spread_queues(capp, cluster)[2]
+    order: list[int] = []
+    ran = capp.task(name="record", queue=queue)(order.append)
+    low = ran.options(priority=1).enqueue_many([(1,), (1,)])
+    high = ran.options(priority=9).enqueue_many([(9,), (9,)])
+    middle = ran.enqueue(5)
+    with running_worker(capp, queues=[queue], concurrency=1):
+        for job in [*low, *high, middle]:
+            job.result(timeout=15)
+    assert order == [9, 9, 5, 1, 1]
+
+
+def test_monitor_reads_active_and_stats(capp: conveyor.Conveyor, cluster: RedisCluster) -> None:
+    queues = spread_queues(capp, cluster)
+    release = threading.Event()
+    slow = capp.task(name="slow", queue=queues[0])(lambda: release.wait(15))
+    quick = capp.task(name="quick", queue=queues[1])(lambda: None)
+    with running_worker(capp, queues=queues[:2], concurrency=4):
+        for job in quick.enqueue_many([()] * 5):
+            job.result(timeout=15)
+        held = slow.enqueue_many([(), ()])
+        wait_until(lambda: capp.monitor.active("slow") == 2, 10, message="2 active")
+        release.set()
+        for job in held:
+            job.result(timeout=15)
+        wait_until(lambda: capp.monitor.active("slow") == 0, 10, message="none active")
+    stats = capp.monitor.stats(window=300)
+    assert stats.enqueued == 7 and stats.succeeded == 7
+    assert capp.monitor.stats(queue=queues[1]).succeeded == 5
+    assert capp.monitor.stats(task="slow").run.count == 2
+    assert stats.backlog.ready == 0 and stats.backlog.active == 0
+    assert capp.monitor.idle_since("quick") is not None
+
+
+def test_an_idle_worker_wakes_on_each_queue_and_stays_quiet(
+    capp: conveyor.Conveyor, cluster: RedisCluster
+) -> None:
+    queues = spread_queues(capp, cluster)
+    started: dict[str, float] = {}
+    tasks = [capp.task(name=f"stamp.{q}", queue=q)(lambda q=q: started.setdefault(
+        q, time.monotonic())) for q in queues]
+    with running_worker(capp, queues=queues, concurrency=4) as worker:
+        assert len(wake._by_slot(worker)) == len(queues)  # one blocking call per slot
+        time.sleep(1.0)  # let it go idle: every listener blocked, nothing due
+        before = cluster.commands_processed()
+        time.sleep(4.0)
+        idle = cluster.commands_processed() - before - len(cluster.nodes)  # minus INFO
+        for queue, task in zip(queues, tasks, strict=True):
+            sent = time.monotonic()
+            task.enqueue().result(timeout=15)
+            assert started[queue] - sent < 1.0, f"{queue} started late"
+    # Idle budget: at most 0.5 commands per second per queue, across the whole cluster.
+    assert idle <= 0.5 * len(queues) * 4.0, f"{idle} commands in 4 s while idle"
+
+
+def test_scripts_are_loaded_again_after_a_script_flush(
+    capp: conveyor.Conveyor, cluster: RedisCluster
+) -> None:
+    queues = spread_queues(capp, cluster)
+    tasks = [capp.task(name=f"one.{q}", queue=q)(lambda: 1) for q in queues]
+    for task in tasks:
+        task.enqueue()
+
+    async def enqueue_async() -> list[conveyor.Job]:
+        try:
+            return [await task.aenqueue() for task in tasks]
+        finally:
+            await capp.aclose()
+
+    asyncio.run(enqueue_async())
+    for node in cluster.nodes:  # as after a failover to a replica that never saw them
+        node.client().script_flush()
+    jobs = [task.enqueue() for task in tasks] + asyncio.run(enqueue_async())
+    assert all(job.info().state == conveyor.JobState.READY for job in jobs)
+    assert sum(capp.monitor.backlog(q).ready for q in queues) == 4 * len(queues)
