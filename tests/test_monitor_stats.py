@@ -72,10 +72,12 @@ def test_stats_percentiles_match_a_known_sleep_distribution(mapp: conveyor.Conve
     assert stats.succeeded == stats.started == stats.enqueued == 120
     assert stats.run.count == stats.wait.count == 120
     for q, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
+        # within 10 % of the exact percentile (or 2 ms, for waits near zero)
         assert getattr(stats.run, name) == pytest.approx(exact(runs, q), rel=0.10), name
-        assert getattr(stats.wait, name) == pytest.approx(exact(waits, q), rel=0.10), name
+        assert getattr(stats.wait, name) == pytest.approx(
+            exact(waits, q), rel=0.10, abs=0.002), name
         # the sleep itself: overshoot on a loaded machine adds a little, never removes
-        assert exact(sleeps, q) * 0.9 <= getattr(stats.run, name) <= exact(sleeps, q) + 0.1
+        assert exact(sleeps, q) * 0.9 <= getattr(stats.run, name) <= exact(sleeps, q) + 0.25
     assert stats.run.mean == pytest.approx(sum(runs) / len(runs), rel=0.01)
     assert stats.throughput == pytest.approx(120 / stats.span)
     assert 300 <= stats.span < 300 + mapp.limits.bucket_seconds
