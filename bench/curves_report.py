@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
 
+NOTES_MARK = "<!-- notes: kept when the report is regenerated -->"
 DECADE_BUDGET = 0.90  # the bound: at most 10 % lost per decade of backlog
 STYLE = {"sync": "-", "async": "--"}
 COLOURS = {1: "tab:blue", 2: "tab:orange", 4: "tab:green"}
@@ -38,7 +39,11 @@ def write(data: dict[str, Any], out: Path) -> None:
     plot_backlog(data["backlog"], folder / "backlog_throughput.png")
     plot_memory(data["backlog"], folder / "backlog_memory.png")
     plot_fairness(data["fairness"], folder / "fairness.png")
-    (out / "CURVES.md").write_text(markdown(data))
+    report = out / "CURVES.md"
+    old = report.read_text() if report.exists() else ""
+    # Hand-written notes below the mark survive a new run (they say which run they read).
+    notes = old[old.index(NOTES_MARK):] if NOTES_MARK in old else ""
+    report.write_text(markdown(data) + ("\n" + notes if notes else ""))
 
 
 # -- figures -------------------------------------------------------------------------------
