@@ -278,3 +278,20 @@ def test_a_mangled_record_does_not_stop_the_queue(app: conveyor.Conveyor) -> Non
         assert [j.result(timeout=10) for j in fine] == list(range(20))
         with pytest.raises(conveyor.JobFailed, match="unknown task ''"):
             mangled.result(timeout=10)
+
+
+def test_sync_tasks_share_the_app_client_beyond_a_hundred_threads(
+    app: conveyor.Conveyor,
+) -> None:
+    barrier = threading.Barrier(150, timeout=20)
+
+    @app.task(name="crowd", retries=0)
+    def crowd(i: int) -> int:
+        barrier.wait()  # 150 threads at once, each holding a connection for a while
+        app.redis.blpop(f"{app.namespace}:nothing", timeout=0.3)
+        return int(app.redis.incr(f"{app.namespace}:crowd"))
+
+    jobs = crowd.enqueue_many([(i,) for i in range(150)])
+    with running_worker(app, concurrency=150):
+        results = [j.result(timeout=30) for j in jobs]
+    assert sorted(results) == list(range(1, 151))

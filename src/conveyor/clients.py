@@ -37,6 +37,11 @@ class HiredisPackedConnection(AsyncConnection):
 
 
 CLUSTER_SUFFIX = "+cluster"
+# redis-py's pools raise at 100 connections. A worker's sync tasks may share the app's
+# client from as many threads as its concurrency, so the pools here are larger and, when
+# full, wait for a connection instead of failing the job.
+POOL_SIZE = 1024
+POOL_WAIT = 30.0  # seconds a command may wait for a free connection
 
 
 def is_cluster(url: str) -> bool:
@@ -58,7 +63,9 @@ def sync_client(url: str, **options: Any) -> Any:
     """A ``redis.Redis`` (or ``redis.cluster.RedisCluster``) for ``url``, replies as bytes."""
     if is_cluster(url):
         return redis.cluster.RedisCluster.from_url(_node_url(url), **options)
-    return redis.Redis.from_url(url, **options)
+    options.setdefault("max_connections", POOL_SIZE)
+    options.setdefault("timeout", POOL_WAIT)
+    return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
 
 
 def async_client(url: str, **options: Any) -> Any:
@@ -69,4 +76,7 @@ def async_client(url: str, **options: Any) -> Any:
         return redis.asyncio.cluster.RedisCluster.from_url(_node_url(url), **options)
     if urlparse(url).scheme == "redis":
         options.setdefault("connection_class", HiredisPackedConnection)
-    return redis.asyncio.Redis.from_url(url, **options)
+    options.setdefault("max_connections", POOL_SIZE)
+    options.setdefault("timeout", POOL_WAIT)
+    pool = redis.asyncio.BlockingConnectionPool.from_url(url, **options)
+    return redis.asyncio.Redis(connection_pool=pool)
