@@ -81,10 +81,10 @@ def main() -> None:
         env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "src"),
                                              env.get("PYTHONPATH", "")])
         exe = str(Path(sys.executable).with_name("conveyor"))
-        logs = [open(os.devnull, "wb") for _ in range(args.workers)]
         workers = [subprocess.Popen([exe, "worker", "bench.memory:app", "-c", "64"], env=env,
-                                    cwd=root, stdout=log, stderr=subprocess.STDOUT)
-                   for log in logs]
+                                    cwd=root, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+                   for _ in range(args.workers)]
         app.url = server.url
         client = app.redis
         rows = []
@@ -109,8 +109,6 @@ def main() -> None:
                 w.terminate()
             for w in workers:
                 w.wait(60)
-            for log in logs:
-                log.close()
     report(rows)
 
 
