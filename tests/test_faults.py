@@ -115,7 +115,7 @@ def test_idle_worker_takes_over_a_killed_workers_job(
         ledger: LedgerApp, fleet_of: Callable[..., Fleet]) -> None:
     """Nobody enqueues anything after the kill: the surviving worker, idle since before the
     job was leased, must still notice the expired lease (within one quiet spell of its wake
-    listener, 10 s) and run the job."""
+    listener, 20 s) and run the job."""
     fleet = fleet_of(2)
     try:
         wait_until(lambda: all(w.serving() for w in fleet.workers), 20, message="workers up")
@@ -123,7 +123,7 @@ def test_idle_worker_takes_over_a_killed_workers_job(
         first = wait_until(ledger.runs, 10, message="the job to start")[0][1]
         holder = next(w for w in fleet.workers if w.pid == first)
         holder.kill()
-        assert job.result(timeout=30) != first
+        assert job.result(timeout=50) != first
     finally:
         fleet.stop()
     info = job.info()

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from . import Worker
 
 log = logging.getLogger("conveyor.worker")
-WAKE_BLOCK_SECONDS = 10.0  # longest BLPOP; also bounds how stale a missed wake-up can be
+WAKE_BLOCK_SECONDS = 20.0  # longest BLPOP; after each quiet spell the lease deadlines are read
 # A cluster mid-failover or mid-resharding answers with errors of its own: wait and retry.
 ERRORS = (*CONNECTION_ERRORS, redis.exceptions.ClusterError,
           redis.exceptions.RedisClusterException)
