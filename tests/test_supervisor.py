@@ -146,7 +146,13 @@ def test_autoscale_grows_on_a_burst_and_shrinks_when_idle(launch: Any) -> None:
     kinds = [d["kind"] for d in sup.decisions()]
     assert kinds.count("scale in") == 3 and "scale out" in kinds
     assert sup.counts() == {f"b{n}": 1 for n in range(300)}, "a job was lost or ran twice"
-    assert all(j.info().attempts == 1 for j in jobs), "a child was stopped mid-job"
+    # A child stopped mid-job would have run that job twice: the ledger above rules it out.
+    # (attempts may read 2 for a job whose lease ran out before it started, once, on a
+    # loaded machine: a lost lease, not a stop mid-job; the job still ran once.)
+    infos = [j.info() for j in jobs]
+    assert all(i.state.value == "succeeded" for i in infos)
+    assert all(i.attempts == 1 or "lease expired" in (i.error or "") for i in infos), \
+        "a job was retried for another reason than a lost lease"
     log = sup.log()
     assert "killed by" not in log and "did not stop in time" not in log
     shown = subprocess.run(
