@@ -127,7 +127,9 @@ class Outbox:
         """Wait until everything pending is recorded (or ``timeout`` passes)."""
         if self.alerter is not None:
             await self.alerter.flush()
-        if not self.pending:
+        # Not just "nothing pending": a batch already taken off `pending` may still be on
+        # the wire, and stopping now would cancel it and lose those outcomes.
+        if not self.pending and self._idle.is_set():
             return
         self._ready.set()
         try:
