@@ -116,6 +116,7 @@ class Worker:
         """The worker's main coroutine (what :meth:`run` runs on a fresh loop)."""
         self._loop = asyncio.get_running_loop()
         self.nudge = asyncio.Event()
+        self.slot_freed = asyncio.Event()  # a job finished: the wake listener may block again
         self._more = dict.fromkeys(self.queues, True)
         self.next_due = dict.fromkeys(self.queues)
         client, runner = self.app.aredis(), self.app.ascripts()
@@ -238,6 +239,7 @@ class Worker:
             self._request_stop()
         self.held.pop((held.queue, held.leased.short_id), None)
         self._more[held.queue] = self._more[held.queue] or len(self.held) == 0
+        self.slot_freed.set()
         assert self.nudge is not None
         self.nudge.set()
 

@@ -71,10 +71,14 @@ async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) 
         if reply is None:
             continue
         if len(worker.held) >= worker.concurrency:
-            # No free slot here: pass the marker on to another worker.
+            # No free slot here: pass the marker on to another worker, and block again only
+            # once a slot is free (before that this worker would take its marker back at
+            # once, again and again).
             await client.lpush(reply[0], b"1")
             await client.ltrim(reply[0], 0, 0)
-            await asyncio.sleep(0.001)
+            while len(worker.held) >= worker.concurrency:
+                worker.slot_freed.clear()
+                await worker.slot_freed.wait()
         worker.wake_all()
 
 
