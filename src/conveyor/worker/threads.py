@@ -11,7 +11,6 @@ last one.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -23,8 +22,8 @@ GROW_AFTER = 0.002  # seconds calls may wait for a busy thread before another on
 
 
 class ThreadRunner:
-    """Runs callables on up to ``max_threads`` daemon threads; each call returns a future of
-    the running loop."""
+    """Runs calls on up to ``max_threads`` daemon threads and hands their results to
+    callbacks on the event loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_threads: int,
                  name: str = "conveyor-task") -> None:
@@ -32,7 +31,7 @@ class ThreadRunner:
         self._max = max_threads
         self._name = name
         self._inbox: SimpleQueue[Any] = SimpleQueue()
-        self._done: deque[tuple[Any, bool, Any]] = deque()
+        self._done: deque[tuple[Callable[[Any], None], bool, Any]] = deque()
         self._lock = threading.Lock()
         self._delivery_scheduled = False
         self._threads: list[threading.Thread] = []
@@ -44,22 +43,13 @@ class ThreadRunner:
     def threads(self) -> int:
         return len(self._threads)
 
-    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        """Run ``fn(*args, **kwargs)`` in a thread, in a copy of the caller's context."""
-        future: asyncio.Future[Any] = self._loop.create_future()
-        self._put((future, contextvars.copy_context(), fn, args, kwargs))
-        return future
-
-    def call(self, fn: Callable[..., Any], arg: Any, on_done: Callable[[Any], None]) -> None:
+    def call(self, fn: Callable[[Any], Any], arg: Any, on_done: Callable[[Any], None]) -> None:
         """Run ``fn(arg)`` in a thread and pass what it returns to ``on_done`` on the loop.
 
-        The cheap path for calls that never raise (they return their outcome): no future,
-        no context copy.
+        Meant for calls that return their outcome rather than raise (an exception is
+        reported to the loop's exception handler); no future is made per call.
         """
-        self._put((on_done, None, fn, (arg,), {}))
-
-    def _put(self, item: tuple[Any, ...]) -> None:
-        self._inbox.put(item)
+        self._inbox.put((on_done, fn, arg))
         if not self._threads:
             self._grow()
         elif not self._grow_scheduled and self._idle == 0:
@@ -91,15 +81,14 @@ class ThreadRunner:
                 return
             with self._lock:
                 self._idle -= 1
-            target, ctx, fn, args, kwargs = item
+            on_done, fn, arg = item
             try:
-                value = fn(*args, **kwargs) if ctx is None else ctx.run(fn, *args, **kwargs)
-                outcome = (True, value)
-            except BaseException as exc:  # handed to the awaiting coroutine
+                outcome = (True, fn(arg))
+            except BaseException as exc:  # reported on the loop
                 outcome = (False, exc)
             with self._lock:
                 self._idle += 1
-                self._done.append((target, *outcome))
+                self._done.append((on_done, *outcome))
                 wake = not self._delivery_scheduled
                 self._delivery_scheduled = True
             if wake:
@@ -112,16 +101,12 @@ class ThreadRunner:
         with self._lock:
             done, self._done = self._done, deque()
             self._delivery_scheduled = False
-        for target, ok, value in done:
-            if not isinstance(target, asyncio.Future):
-                target(value) if ok else self._loop.call_exception_handler(
-                    {"message": "a threaded call raised", "exception": value})
-            elif target.cancelled():
-                continue
-            elif ok:
-                target.set_result(value)
+        for on_done, ok, value in done:
+            if ok:
+                on_done(value)
             else:
-                target.set_exception(value)
+                self._loop.call_exception_handler(
+                    {"message": "a threaded call raised", "exception": value})
 
     def shutdown(self) -> None:
         """Let idle threads exit; a thread still running a call ends when the call does."""
