@@ -36,8 +36,5 @@ for i = 0, n - 1 do
     released = released + 1
   end
 end
-if released > 0 then
-  redis.call('HINCRBY', counts, 'ready', released)
-  wake_one(wake)
-end
+made_ready(counts, wake, released)
 return released

@@ -38,8 +38,5 @@ for _, id in ipairs(ids) do
     end
   end
 end
-if requeued > 0 then
-  redis.call('HINCRBY', counts, 'ready', requeued)
-  wake_one(wake)
-end
+made_ready(counts, wake, requeued)
 return requeued

@@ -87,3 +87,11 @@ end
 local function wake_one(wake)
   if redis.call('LLEN', wake) == 0 then redis.call('LPUSH', wake, '1') end
 end
+
+-- Count jobs just made ready and wake a worker for them.
+local function made_ready(counts, wake, n)
+  if n > 0 then
+    redis.call('HINCRBY', counts, 'ready', n)
+    wake_one(wake)
+  end
+end
