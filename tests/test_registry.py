@@ -46,6 +46,7 @@ class StubWorker:
     concurrency: int = 3
     held: dict[Any, Any] = field(default_factory=dict)
     processed: int = 0
+    stuck: int = 0
     clock: ServerClock = field(default_factory=ServerClock)
 
 
@@ -54,7 +55,7 @@ def _calls(client: Any, command: str) -> int:
     return int(stats["calls"]) if stats else 0
 
 
-async def test_an_unchanged_beat_costs_two_commands(make_server: type[RedisServer]) -> None:
+async def test_an_unchanged_beat_costs_three_commands(make_server: type[RedisServer]) -> None:
     server = make_server().start()
     app = conveyor.Conveyor(server.url, namespace="beat")
     worker = StubWorker(app)
@@ -68,7 +69,7 @@ async def test_an_unchanged_beat_costs_two_commands(make_server: type[RedisServe
         beats.cancel()
         await asyncio.gather(beats, return_exceptions=True)
     expires, zadds = _calls(client, "expire"), _calls(client, "zadd")
-    assert expires >= 8 and zadds == expires
+    assert expires >= 8 and zadds == expires == _calls(client, "zremrangebyscore")
     assert _calls(client, "hset") == 2  # the first beat and the change, nothing in between
     assert client.zcard("beat:workers") == 0 and not client.exists("beat:worker:stub")
     await app.aclose()
@@ -90,3 +91,24 @@ async def test_a_vanished_hash_is_written_again(make_server: type[RedisServer]) 
         await asyncio.gather(beats, return_exceptions=True)
     await app.aclose()
     app.close()
+
+
+async def test_live_workers_prune_the_entries_of_killed_ones(
+        make_server: type[RedisServer]) -> None:
+    server = make_server().start()
+    app = conveyor.Conveyor(server.url, namespace="prune")
+    client = server.client()
+    client.zadd("prune:workers", {"killed": 1000})  # beat long ago, never removed
+    beats = asyncio.ensure_future(keep_registered(StubWorker(app), interval=0.05))  # type: ignore[arg-type]
+    try:
+        for _ in range(100):
+            if client.zscore("prune:workers", "killed") is None:
+                break
+            await asyncio.sleep(0.05)
+        assert client.zscore("prune:workers", "killed") is None
+        assert client.zscore("prune:workers", "stub") is not None
+    finally:
+        beats.cancel()
+        await asyncio.gather(beats, return_exceptions=True)
+        await app.aclose()
+        app.close()

@@ -26,6 +26,15 @@ if TYPE_CHECKING:
     from .task import Task
     from .worker.clock import ServerClock
 
+# Every error Redis or the way to it can produce (as in the worker's other loops).
+REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
+
+
+def pause_after(failures: int) -> float:
+    """Seconds to wait after ``failures`` consecutive failures (capped at 5 s)."""
+    return float(min(5.0, 0.05 * 2 ** min(failures, 16)))
+
+
 log = logging.getLogger("conveyor.schedule")
 MAX_CATCH_UP = 1000  # most missed ticks fired at once with catch_up=True
 
@@ -106,38 +115,57 @@ class Scheduler:
             await self.fire(periodic, latest, only_if_seen=True)
             return
         key = self.app.keys(periodic.task.queue).schedule_prefix + periodic.name
-        last = await self.app.aredis().get(key)
+        last = _tick_ms(await self.app.aredis().get(key))
         if last is None:
             await self.fire(periodic, latest, only_if_seen=True)
             return
-        for tick in periodic.ticks_between(int(last) / 1000, now):
+        for tick in periodic.ticks_between(last / 1000, now):
             await self.fire(periodic, tick)
 
     async def run(self) -> None:
-        """Fire ticks as they come, until cancelled."""
+        """Fire ticks as they come, until cancelled. Redis errors of any kind (unreachable,
+        out of memory, read-only during a failover...) are waited out; the ticks missed
+        meanwhile are caught up once Redis answers again."""
         if not self.periodics:
-            return
-        await self._sync_clock()
-        for periodic in self.periodics:
-            await self._catch_up(periodic, self.clock.now())
+            await asyncio.Event().wait()  # nothing to fire: idle until the worker stops
         failures = 0
+        caught_up = False
         while True:
-            now = self.clock.now()
-            upcoming = sorted((p.next_after(now), i) for i, p in enumerate(self.periodics))
-            tick = upcoming[0][0]
-            await asyncio.sleep(max(0.0, tick - self.clock.now()))
             try:
-                for due, i in upcoming:
-                    if due <= tick:
-                        await self.fire(self.periodics[i], due)
+                if not caught_up:
+                    await self._sync_clock()
+                    for periodic in self.periodics:
+                        await self._catch_up(periodic, self.clock.now())
+                    caught_up = True
+                await self._fire_next()
                 failures = 0
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            except REDIS_ERRORS as exc:
                 failures += 1
-                log.warning("could not fire periodic jobs (%s); catching up when back", exc)
-                await asyncio.sleep(min(5.0, 0.1 * 2**failures))
-                for periodic in self.periodics:
-                    await self._catch_up(periodic, self.clock.now())
+                pause = pause_after(failures)
+                log.warning("could not fire periodic jobs (%s: %s); catching up in %.2f s",
+                            type(exc).__name__, exc, pause)
+                await asyncio.sleep(pause)
+                caught_up = False
+
+    async def _fire_next(self) -> None:
+        now = self.clock.now()
+        upcoming = sorted((p.next_after(now), i) for i, p in enumerate(self.periodics))
+        tick = upcoming[0][0]
+        await asyncio.sleep(max(0.0, tick - self.clock.now()))
+        for due, i in upcoming:
+            if due <= tick:
+                await self.fire(self.periodics[i], due)
 
     async def _sync_clock(self) -> None:
         sec, usec = await self.app.aredis().time()
         self.clock.observe(sec * 1000 + usec / 1000)
+
+
+def _tick_ms(raw: Any) -> int | None:
+    """A stored last tick (ms), or None when absent or mangled (then only the latest tick
+    fires, as on a first start)."""
+    try:
+        return int(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        log.warning("the last fired tick stored for a periodic job is not a number: %r", raw)
+        return None

@@ -11,32 +11,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import socket
 import threading
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import redis.exceptions
-
 from ..schedule import Scheduler
 from ..scripts import calls
-from .backoff import CONNECTION_ERRORS, pause_after
+from .backoff import REDIS_ERRORS, pause_after
 from .clock import ServerClock
 from .executor import Executor, Held
 from .leases import keep_leases
+from .loops import LoopDied, Loops
 from .outbox import Outbox
 from .registry import keep_registered
 from .server_check import check_server
-from .wake import WAKE_BLOCK_SECONDS, listen_for_wakeups
+from .wake import WAKE_BLOCK_SECONDS, leave_markers, listen_for_wakeups
 
 if TYPE_CHECKING:
     from ..app import Conveyor
 
-__all__ = ["Worker"]
+__all__ = ["LoopDied", "Worker"]
+INTERRUPTED = "interrupted: the worker shut down"
 
 log = logging.getLogger("conveyor.worker")
 
@@ -113,27 +113,31 @@ class Worker:
             self.nudge.set()
 
     async def arun(self, burst: bool = False) -> None:
-        """The worker's main coroutine (what :meth:`run` runs on a fresh loop)."""
+        """The worker's main coroutine (what :meth:`run` runs on a fresh loop).
+
+        :raises LoopDied: one of the worker's loops could not be kept alive; the worker
+            stopped (gracefully) so that its supervisor replaces it
+        """
         self._loop = asyncio.get_running_loop()
         self.nudge = asyncio.Event()
         self.slot_freed = asyncio.Event()  # a job finished: the wake listener may block again
+        self.leased = asyncio.Event()  # a job was leased: its heartbeat may be due sooner
         self._more = dict.fromkeys(self.queues, True)
         self.next_due = dict.fromkeys(self.queues)
         client, runner = self.app.aredis(), self.app.ascripts()
         self.executor = Executor(self.app, self.clock, self.concurrency,
-                                 supervised=self.supervised)
+                                 supervised=self.supervised, on_slot_back=self._slot_back)
         self.outbox = Outbox(self.app, runner)
         self._install_signals()
         await check_server(client)
-        helpers = [
-            asyncio.create_task(listen_for_wakeups(self), name="conveyor-wake"),
-            asyncio.create_task(keep_leases(self, runner), name="conveyor-heartbeat"),
-            asyncio.create_task(self.outbox.run(), name="conveyor-outbox"),
-            asyncio.create_task(keep_registered(self), name="conveyor-registry"),
-            asyncio.create_task(
-                Scheduler(self.app, self.queues, ServerClock()).run(), name="conveyor-periodic"
-            ),
-        ]
+        self.loops = Loops(on_fatal=lambda _exc: self._request_stop())
+        self.loops.start("wake listener", lambda: listen_for_wakeups(self))
+        self.loops.start("lease heartbeat", lambda: keep_leases(
+            lambda: self.held.values(), self.leased, runner, self.app.keys))
+        self.loops.start("outcome outbox", self.outbox.run)
+        self.loops.start("worker registry", lambda: keep_registered(self))
+        scheduler = Scheduler(self.app, self.queues, ServerClock())
+        self.loops.start("periodic scheduler", scheduler.run)
         log.info("worker %s serving %s with concurrency %d", self.id, self.queues,
                  self.concurrency)
         self.started.set()
@@ -143,14 +147,33 @@ class Worker:
         finally:
             await self.outbox.flush_all()
             self.outbox.close()
-            for helper in helpers:
-                helper.cancel()
-            # Bounded: a cancellation swallowed inside a client call must not hang the stop.
-            await asyncio.wait(helpers, timeout=2.0)
+            await self.loops.cancel()
+            await leave_markers(self)
             self.executor.shutdown()
             self._remove_signals()
             await self.app.aclose()
             log.info("worker %s stopped after %d jobs", self.id, self.processed)
+        if self.loops.fatal is not None:
+            raise self.loops.fatal
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was asked for: the worker takes no new work."""
+        return self._stopping
+
+    @property
+    def stuck(self) -> int:
+        """Slots held by sync runs that overran their timeout (capacity lost until they
+        return)."""
+        return len(self.executor.stuck)
+
+    def free_slots(self) -> int:
+        """Jobs this worker could lease now. A sync run that overran its timeout keeps its
+        thread, and so its slot, until it returns."""
+        free = self.concurrency - len(self.held) - len(self.executor.stuck)
+        if self.max_jobs is not None:  # never lease more than it will run
+            free = min(free, self.max_jobs - self.processed - len(self.held))
+        return free
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -162,12 +185,13 @@ class Worker:
             try:
                 took = await self._fill(runner)
                 failures = 0
-            except (*CONNECTION_ERRORS, redis.exceptions.ResponseError) as exc:
+            except REDIS_ERRORS as exc:
                 # Unreachable, or refused (out of memory, say): keep serving the jobs in hand
                 # and try again, rather than exit and leave them to expire.
                 failures += 1
                 pause = pause_after(failures)
-                log.warning("could not fetch jobs (%s); retrying in %.2f s", exc, pause)
+                log.warning("could not fetch jobs (%s: %s); retrying in %.2f s",
+                            type(exc).__name__, exc, pause)
                 await asyncio.sleep(pause)
                 continue
             if took:
@@ -183,9 +207,7 @@ class Worker:
         took = False
         n = len(self.queues)
         for i in range(n):
-            free = self.concurrency - len(self.held)
-            if self.max_jobs is not None:  # never lease more than it will run
-                free = min(free, self.max_jobs - self.processed - len(self.held))
+            free = self.free_slots()
             if free <= 0 or self._stopping:
                 break
             queue = self.queues[(self._rotation + i) % n]
@@ -197,6 +219,8 @@ class Worker:
             self._more[queue] = len(fetched.jobs) == free
             if fetched.dead:
                 self.outbox.notify_dead(queue, fetched.dead)
+            if fetched.trimmed:
+                self.outbox.notify_trimmed(queue, fetched.trimmed)
             for leased in fetched.jobs:
                 self._start(queue, leased)
             took = took or bool(fetched.jobs)
@@ -208,10 +232,21 @@ class Worker:
         return due is not None and self.clock.seconds_until(due) <= 0
 
     def _start(self, queue: str, leased: calls.Leased) -> None:
+        running = self.held.get((queue, leased.short_id))
+        if running is not None:
+            # Its lease lapsed while it ran here (a stalled loop, a Redis pause) and this
+            # worker leased it again: the run in progress becomes the new lease's run, with
+            # the new token, rather than a second run of the same job beside it.
+            log.warning("job %s was leased again while it still runs here: the run goes on"
+                        " under the new lease", leased.short_id)
+            running.leased, running.lease_lost, running.next_beat = leased, False, None
+            self.leased.set()
+            return
         held = Held(queue, leased)
         self.held[(queue, leased.short_id)] = held
+        self.leased.set()
         task = self.app.tasks.get(leased.task)
-        if task is not None and not task.is_async:
+        if task is not None and not task.is_async and not leased.problem:
             self.executor.start_sync(held, task, self._finished)
         else:
             held.task = asyncio.create_task(self._execute(held))
@@ -220,24 +255,26 @@ class Worker:
         try:
             outcome = await self.executor.run(held)
         except asyncio.CancelledError:
-            outcome = calls.Outcome(
-                held.leased.short_id, held.leased.token, "retry",
-                held.started_at or self.clock.now(), "interrupted: the worker shut down", 0,
-            )
-        self._finished(held, outcome)
+            return  # withdrawn by a stop, which hands the job back itself
+        if outcome is not None:
+            self._finished(held, outcome)
 
     def _finished(self, held: Held, outcome: calls.Outcome) -> None:
-        """Record an attempt's outcome and free its slot (once per attempt)."""
-        if (held.queue, held.leased.short_id) not in self.held:
-            return  # already handed back or recorded as interrupted
-        if held.task is not None and not isinstance(held.task, asyncio.Task):
+        """Record an attempt's outcome and free its slot (once per run)."""
+        key = (held.queue, held.leased.short_id)
+        if self.held.get(key) is not held or held.withdrawn:
+            return  # already handed back, interrupted or timed out
+        if held.task is not None and not held.task.done() and \
+                not isinstance(held.task, asyncio.Task):
             held.task.set_result(None)  # a sync attempt's future: the job is settled
+        if outcome.token != held.leased.token:  # leased again while it ran: the new lease
+            outcome = dataclasses.replace(outcome, token=held.leased.token)
         self.outbox.add(held.queue, outcome)
         self.processed += 1
         if self.max_jobs is not None and self.processed >= self.max_jobs and not self._stopping:
             log.info("worker %s has run its %d jobs: stopping", self.id, self.max_jobs)
             self._request_stop()
-        self.held.pop((held.queue, held.leased.short_id), None)
+        del self.held[key]
         self._more[held.queue] = self._more[held.queue] or len(self.held) == 0
         self.slot_freed.set()
         assert self.nudge is not None
@@ -248,7 +285,7 @@ class Worker:
         assert self.nudge is not None
         timeout = None
         dues = [d for d in self.next_due.values() if d is not None]
-        if dues and len(self.held) < self.concurrency:
+        if dues and self.free_slots() > 0:
             # A full worker cannot act on a due time (it would wake at once, again and again,
             # once the time has passed); a finishing job nudges it instead.
             timeout = max(0.0, self.clock.seconds_until(min(dues)))
@@ -265,11 +302,34 @@ class Worker:
         assert self.nudge is not None
         self.nudge.set()
 
+    def _slot_back(self) -> None:
+        self.slot_freed.set()
+        self.wake_all()
+
+    def look_again(self, queue: str) -> None:
+        """``queue`` has ready jobs: fetch from it at the next chance."""
+        self._more[queue] = True
+        assert self.nudge is not None
+        self.nudge.set()
+
+    def due_at(self, queue: str, due_ms: float) -> None:
+        """Something in ``queue`` (a delayed job, a lease deadline) is due at ``due_ms``."""
+        known = self.next_due.get(queue)
+        if known is None or due_ms < known:
+            self.next_due[queue] = due_ms
+            assert self.nudge is not None
+            self.nudge.set()
+
     # -- stopping --------------------------------------------------------------------------
 
     async def _drain(self) -> None:
-        """After a stop: give running jobs the grace period, then interrupt the rest; their
-        attempts are recorded as interrupted so they are retried, never lost."""
+        """After a stop: hand back at once the jobs that have not started, give running
+        ones the grace period, then interrupt the rest. Every job goes back to its queue
+        without using up an attempt (a shutdown never dead-letters a job)."""
+        unstarted = [h for h in list(self.held.values()) if h.withdraw(running_too=False)]
+        for held in unstarted:
+            del self.held[(held.queue, held.leased.short_id)]
+        await self._release(unstarted, "")
         running = [h.task for h in self.held.values() if h.task is not None]
         if running:
             log.info("waiting up to %.1f s for %d running job(s)", self.grace, len(running))
@@ -278,20 +338,16 @@ class Worker:
                 asyncio.gather(*running, return_exceptions=True), hurry]
             await asyncio.wait(waiters, timeout=self.grace, return_when=asyncio.FIRST_COMPLETED)
             hurry.cancel()
-        unstarted = [h for h in self.held.values() if h.started_at is None]
-        if unstarted:
-            await self._release(unstarted)
-        for held in list(self.held.values()):
-            if held.task is not None and not held.task.done():
+        interrupted = list(self.held.values())
+        for held in interrupted:
+            held.withdraw(running_too=True)
+            if isinstance(held.task, asyncio.Task):
                 held.task.cancel()
-        still = [h.task for h in self.held.values() if h.task is not None]
-        if still:
-            await asyncio.wait(still, timeout=1.0)
-        for held in list(self.held.values()):  # sync threads that ignore cancellation
-            self.outbox.add(held.queue, calls.Outcome(
-                held.leased.short_id, held.leased.token, "retry", held.started_at or time.time(),
-                "interrupted: the worker shut down", 0))
-            self.held.pop((held.queue, held.leased.short_id), None)
+        self.held.clear()
+        if interrupted:
+            log.warning("interrupting %d running job(s); they go back to their queues",
+                        len(interrupted))
+        await self._release(interrupted, INTERRUPTED)
 
     async def _hurried(self) -> None:
         """Return once a second stop request has cut the grace period short."""
@@ -300,16 +356,29 @@ class Worker:
             self.nudge.clear()
             await self.nudge.wait()
 
-    async def _release(self, unstarted: list[Held]) -> None:
-        by_queue: dict[str, list[tuple[str, str]]] = {}
-        for held in unstarted:
-            if held.task is not None:
-                held.task.cancel()
-            by_queue.setdefault(held.queue, []).append((held.leased.short_id, held.leased.token))
-            self.held.pop((held.queue, held.leased.short_id), None)
+    async def _release(self, jobs: list[Held], reason: str, within: float = 10.0) -> None:
+        """Hand ``jobs`` back to their queues, trying Redis again for up to ``within``
+        seconds (past that their leases expire and they are reclaimed, an attempt used)."""
+        by_queue: dict[str, list[tuple[str, str, str]]] = {}
+        for held in jobs:
+            lease = (held.leased.short_id, held.leased.token)
+            by_queue.setdefault(held.queue, []).append((*lease, reason))
         runner = self.app.ascripts()
-        for queue, jobs in by_queue.items():
-            await runner.run(calls.release(self.app.keys(queue), jobs))
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + within
+        for queue, leases in by_queue.items():
+            failures = 0
+            while True:
+                try:
+                    await runner.run(calls.release(self.app.keys(queue), leases))
+                    break
+                except REDIS_ERRORS as exc:
+                    failures += 1
+                    if clock() > deadline:
+                        log.error("could not hand back %d job(s) of %s (%s); they run again"
+                                  " when their leases expire", len(leases), queue, exc)
+                        break
+                    await asyncio.sleep(pause_after(failures))
 
     def _install_signals(self) -> None:
         self._signals: list[int] = []

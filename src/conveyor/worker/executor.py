@@ -1,17 +1,21 @@
-"""Running one leased job: decode, call the task, and turn what happened into an outcome."""
+"""Running one leased job: decode, call the task, and turn what happened into an outcome.
+
+Every attempt ends in exactly one outcome, whatever the task does: return, raise any
+exception (``SystemExit``, ``KeyboardInterrupt``, a ``RecursionError`` from a deeply
+nested payload, an exception whose ``str()`` itself fails), or overrun its timeout. An
+attempt that produced no outcome would leave its job ``active`` for the worker's life.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EncodingError
-from ..keys import job_id
 from ..scripts.calls import Leased, Outcome
 from .clock import ServerClock
 from .threads import ThreadRunner
@@ -22,28 +26,64 @@ if TYPE_CHECKING:
 log = logging.getLogger("conveyor.worker")
 MAX_ERROR = 8192
 
+LEASED, RUNNING, WITHDRAWN = "leased", "running", "withdrawn"
+
 
 @dataclass(eq=False)
 class Held:
-    """A job this worker holds a lease on."""
+    """A job this worker holds a lease on, and its run here (at most one per job)."""
 
     queue: str
-    leased: Leased
+    leased: Leased  # the current lease; replaced when the job is leased here again
     started_at: float | None = None  # server epoch s when the function began
     # What to wait on or cancel: the coroutine's task (async), a future (sync).
     task: asyncio.Future[None] | None = field(default=None, repr=False)
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    next_beat: float | None = None  # loop time its lease is next due for a heartbeat
+    lease_lost: bool = False
+    # Starting a run (a thread) and withdrawing the job (a stop) exclude each other.
+    state: str = LEASED
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def try_start(self, clock: ServerClock) -> bool:
+        """Claim the job for running; False if it was withdrawn first."""
+        with self._lock:
+            if self.state != LEASED:
+                return False
+            self.state = RUNNING
+            self.started_at = clock.now()
+            return True
+
+    def withdraw(self, *, running_too: bool) -> bool:
+        """Take the job away from this worker: always when ``running_too``, else only if
+        it has not started. True if it was taken away before it started running."""
+        with self._lock:
+            unstarted = self.state == LEASED
+            if unstarted or running_too:
+                self.state = WITHDRAWN
+            return unstarted
 
     @property
     def withdrawn(self) -> bool:
         """True once the worker gave the job up (handed back, interrupted, timed out)."""
-        return self.task is not None and self.task.done()
+        return self.state == WITHDRAWN
 
 
 def describe(exc: BaseException) -> str:
-    """The error text stored on the job: type, message, then the traceback (bounded)."""
-    text = "".join(traceback.format_exception(exc))
-    head = f"{type(exc).__name__}: {exc}"
+    """The error text stored on the job: type, message, then the traceback (bounded).
+
+    Never raises: an exception whose ``str()`` or traceback cannot be formatted is
+    described by its type and what went wrong formatting it.
+    """
+    name = type(exc).__name__
+    try:
+        head = f"{name}: {exc}"
+    except Exception as failed:
+        head = f"{name} (its message could not be read: {type(failed).__name__})"
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:
+        text = ""
     return (head + "\n" + text)[:MAX_ERROR]
 
 
@@ -51,88 +91,131 @@ class Executor:
     """Runs jobs: async tasks on the loop, sync tasks on a bounded set of threads."""
 
     def __init__(self, app: Conveyor, clock: ServerClock, threads: int, *,
-                 supervised: bool = False) -> None:
+                 supervised: bool = False, on_slot_back: Callable[[], None] = lambda: None
+                 ) -> None:
+        """:param on_slot_back: called when an overrunning run returns its slot"""
         self.app = app
+        self.on_slot_back = on_slot_back
         self.supervised = supervised  # a supervisor replaces this process when stuck
         self.clock = clock
         self.threads = ThreadRunner(asyncio.get_running_loop(), threads)
-        self.abandoned = 0  # sync runs that overran their timeout and still hold a thread
-        self.stuck: dict[str, float] = {}  # job id -> when it overran, while its thread runs
+        self.abandoned = 0  # sync runs that overran their timeout, in all
+        self.stuck: dict[int, float] = {}  # id(Held) -> when it overran, while its thread runs
 
     def _dead(self, held: Held, reason: str) -> Outcome:
         return Outcome(held.leased.short_id, held.leased.token, "dead",
                        held.started_at or self.clock.now(), reason)
 
-    async def run(self, held: Held) -> Outcome:
-        """Run ``held`` to an outcome; never raises except on cancellation."""
+    def _decode(self, held: Held) -> tuple[list[Any], dict[str, Any]] | Outcome:
+        """The job's arguments, or the dead outcome that a job with none usable gets."""
         leased = held.leased
-        task = self.app.tasks.get(leased.task)
-        if task is None:
-            held.started_at = self.clock.now()
+        if leased.problem:
+            return self._dead(held, leased.problem)
+        if self.app.tasks.get(leased.task) is None:
             return self._dead(held, f"unknown task {leased.task!r}")
         try:
-            args, kwargs = self.app.codec.decode_args(leased.args)
-        except EncodingError as exc:
-            held.started_at = self.clock.now()
-            return self._dead(held, str(exc))
+            return self.app.codec.decode_args(leased.args)
+        except Exception as exc:  # EncodingError, or RecursionError from deep nesting
+            return self._dead(held, f"corrupt payload: {describe(exc)}")
+
+    async def run(self, held: Held) -> Outcome | None:
+        """Run ``held`` to an outcome (None: it was withdrawn before it started)."""
+        if not held.try_start(self.clock):
+            return None
+        decoded = self._decode(held)
+        if isinstance(decoded, Outcome):
+            return decoded
+        task = self.app.tasks[held.leased.task]
+        args, kwargs = decoded
         try:
-            value = await self._call(held, task, args, kwargs)
-            payload = self.app.codec.encode_result(value)
-        except TimeoutError:
+            value = await self._call(task, args, kwargs)
+            return self._ok(held, self.app.codec.encode_result(value))
+        except _Overran:
             return self._retry(held, task, f"timeout: the task ran longer than {task.timeout} s")
-        except Exception as exc:
+        except asyncio.CancelledError:
+            if _cancelled_from_outside():
+                raise
+            return self._retry(held, task, "CancelledError raised by the task")
+        except BaseException as exc:  # SystemExit and the like end this attempt, not the worker
             return self._retry(held, task, describe(exc))
-        return Outcome(leased.short_id, leased.token, "ok", held.started_at or self.clock.now(),
-                       payload)
+
+    @staticmethod
+    async def _call(task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """Await an async task's coroutine within its timeout. A ``TimeoutError`` the task
+        raises itself (an HTTP or database client's) is the task's failure, told apart from
+        conveyor's own timeout by whether the deadline passed."""
+        if task.timeout is None:
+            return await task.fn(*args, **kwargs)
+        try:
+            async with asyncio.timeout(task.timeout) as deadline:
+                return await task.fn(*args, **kwargs)
+        except TimeoutError:
+            if deadline.expired():
+                raise _Overran() from None
+            raise
+
+    def _ok(self, held: Held, payload: bytes) -> Outcome:
+        return Outcome(held.leased.short_id, held.leased.token, "ok",
+                       held.started_at or self.clock.now(), payload)
 
     def start_sync(self, held: Held, task: Any, done: Callable[[Held, Outcome], None]) -> None:
         """Run the job of a sync task on a thread; ``done(held, outcome)`` runs on the loop.
 
         The whole attempt (decode, call, encode) happens in the thread, so a job costs the
-        loop no coroutine and one batched wake-up. A run past the task's timeout is reported
-        at the deadline and its thread abandoned (a supervisor replaces the process).
+        loop no coroutine and one batched wake-up. The timeout counts from when the
+        function starts (not while the job waits for a thread); a run past it is reported
+        then and its thread abandoned: it keeps its slot until it returns.
         """
         loop = asyncio.get_running_loop()
         held.task = loop.create_future()
-        if task.timeout is not None:
-            held.timer = loop.call_later(task.timeout, self._overran, held, task, done)
 
         def finished(outcome: Outcome | None) -> None:
             if held.timer is not None:
                 held.timer.cancel()
-            self.stuck.pop(job_id(held.queue, held.leased.short_id), None)
-            if outcome is not None and not held.withdrawn:
+            if self.stuck.pop(id(held), None) is not None:
+                log.warning("the overrunning run of job %s returned; its slot is free again",
+                            held.leased.short_id)
+                self.on_slot_back()
+            if outcome is not None and held.state == RUNNING:
                 done(held, outcome)
 
-        self.threads.call(self._attempt_in_thread, (held, task), finished)
+        def arm_timer() -> None:
+            if held.state == RUNNING and held.task is not None and not held.task.done():
+                held.timer = loop.call_later(task.timeout, self._overran, held, task, done)
 
-    def _attempt_in_thread(self, job: tuple[Held, Any]) -> Outcome | None:
-        held, task = job
-        if held.withdrawn:  # handed back before a thread was free: do not run it
-            return None
-        held.started_at = self.clock.now()
-        leased = held.leased
+        self.threads.call(self._attempt_in_thread, (held, task, loop, arm_timer), finished)
+
+    def _attempt_in_thread(self, job: tuple[Held, Any, asyncio.AbstractEventLoop, Any]
+                           ) -> Outcome | None:
+        held, task, loop, arm_timer = job
         try:
-            args, kwargs = self.app.codec.decode_args(leased.args)
-        except EncodingError as exc:
-            return self._dead(held, str(exc))
-        try:
-            payload = self.app.codec.encode_result(task.fn(*args, **kwargs))
-        except Exception as exc:
-            return self._retry(held, task, describe(exc))
-        return Outcome(leased.short_id, leased.token, "ok", held.started_at, payload)
+            if not held.try_start(self.clock):
+                return None  # handed back before a thread was free: do not run it
+            if task.timeout is not None:
+                loop.call_soon_threadsafe(arm_timer)
+            decoded = self._decode(held)
+            if isinstance(decoded, Outcome):
+                return decoded
+            args, kwargs = decoded
+            return self._ok(held, self.app.codec.encode_result(task.fn(*args, **kwargs)))
+        except BaseException as exc:  # whatever the task raises ends in an outcome
+            try:
+                return self._retry(held, task, describe(exc))
+            except BaseException:
+                return self._dead(held, f"{type(exc).__name__} (could not be recorded)")
 
     def _overran(self, held: Held, task: Any, done: Callable[[Held, Outcome], None]) -> None:
-        if held.withdrawn:
+        if held.state != RUNNING or held.task is None or held.task.done():
             return
         self.abandoned += 1
-        self.stuck[job_id(held.queue, held.leased.short_id)] = time.time()
+        self.stuck[id(held)] = self.clock.now()
         remedy = ("the supervisor will replace this process" if self.supervised else
-                  "run workers under the supervisor (-p) so the process is replaced")
+                  "its slot stays taken until it returns; run workers under the supervisor"
+                  " (-p) so that the process is replaced")
         log.error(
-            "task %s (job %s) overran its %s s timeout; its thread cannot be interrupted and"
-            " is abandoned (%d abandoned so far): %s", task.name, held.leased.short_id,
-            task.timeout, self.abandoned, remedy,
+            "task %s (job %s) overran its %s s timeout; its thread cannot be interrupted"
+            " (%d thread(s) stuck now): %s", task.name, held.leased.short_id,
+            task.timeout, len(self.stuck), remedy,
         )
         done(held, self._retry(held, task, f"timeout: the task ran longer than {task.timeout} s"))
 
@@ -141,13 +224,14 @@ class Executor:
         return Outcome(held.leased.short_id, held.leased.token, "retry",
                        held.started_at or self.clock.now(), error, int(delay * 1000))
 
-    async def _call(self, held: Held, task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """Await an async task's coroutine (sync tasks go through :meth:`start_sync`)."""
-        held.started_at = self.clock.now()
-        if task.timeout is None:
-            return await task.fn(*args, **kwargs)
-        async with asyncio.timeout(task.timeout):
-            return await task.fn(*args, **kwargs)
-
     def shutdown(self) -> None:
         self.threads.shutdown()
+
+
+class _Overran(Exception):
+    """The task ran past its timeout (conveyor's deadline, not a timeout of the task's own)."""
+
+
+def _cancelled_from_outside() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

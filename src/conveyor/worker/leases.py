@@ -1,40 +1,87 @@
 """Keeping leases alive: a running job's lease is extended by heartbeat, so the lease only
-bounds how soon a dead worker's job runs again, not how long a job may run."""
+bounds how soon a dead worker's job runs again, not how long a job may run.
+
+Each held job is due for a heartbeat a third of its own visibility timeout after its last
+one (or after it was leased); the loop sleeps until the earliest such time and is woken
+when a job is leased, so a job with a short timeout leased while the loop slept for a
+longer one still gets its first heartbeat in time. Leases due within the same short
+window go out together, one script call per queue.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..scripts import calls
-from .backoff import CONNECTION_ERRORS
-
-if TYPE_CHECKING:
-    from . import Worker
+from .backoff import REDIS_ERRORS, pause_after
+from .executor import Held
 
 log = logging.getLogger("conveyor.worker")
+IDLE_WAIT = 5.0  # seconds between looks when nothing is held (a lease wakes it sooner)
+BATCH_WINDOW = 0.25  # fraction of a job's interval by which it may be beaten early
 
 
-async def keep_leases(worker: Worker, runner: Any) -> None:
-    """Extend the leases of held jobs every third of their visibility timeout."""
+def beat_interval(held: Held) -> float:
+    """Seconds between heartbeats of ``held``: a third of its visibility timeout."""
+    return max(0.05, held.leased.visibility_ms / 3000)
+
+
+async def keep_leases(held_jobs: Callable[[], Iterable[Held]], leased: asyncio.Event,
+                      runner: Any, keys: Callable[[str], Any]) -> None:
+    """Extend the leases of held jobs before a third of their visibility timeout passes.
+
+    :param held_jobs: the jobs the worker holds now
+    :param leased: set by the worker whenever it leases a job
+    :param runner: the async script runner
+    :param keys: queue name -> its key names
+    """
+    clock = asyncio.get_running_loop().time
+    failures = 0
     while True:
-        vts = [h.leased.visibility_ms for h in worker.held.values()]
-        interval = max(0.05, min(vts) / 3000) if vts else 1.0
-        await asyncio.sleep(interval)
-        by_queue: dict[str, list[tuple[str, str, int]]] = {}
-        for held in list(worker.held.values()):
-            lease = (held.leased.short_id, held.leased.token, held.leased.visibility_ms)
-            by_queue.setdefault(held.queue, []).append(lease)
-        for queue, leases in by_queue.items():
-            try:
-                codes = await runner.run(calls.heartbeat(worker.app.keys(queue), leases))
-            except CONNECTION_ERRORS as exc:
-                log.warning("could not extend leases (%s); retrying", exc)
-                continue
-            lost = [lease[0] for lease, code in zip(leases, codes, strict=True)
-                    if not code and (queue, lease[0]) in worker.held]
-            if lost:
-                log.warning("lost the lease of %d job(s) in %s (another worker took them"
-                            " over; their results here will be refused): %s",
-                            len(lost), queue, ", ".join(lost[:5]))
+        now = clock()
+        jobs = list(held_jobs())
+        for held in jobs:
+            if held.next_beat is None:
+                held.next_beat = now + beat_interval(held)
+        wait = min((h.next_beat for h in jobs if h.next_beat is not None), default=now + IDLE_WAIT)
+        leased.clear()
+        if wait > now:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(leased.wait(), wait - now)
+            continue
+        due = [h for h in jobs
+               if h.next_beat is not None and h.next_beat - BATCH_WINDOW * beat_interval(h) <= now]
+        try:
+            await _beat(due, runner, keys, now)
+            failures = 0
+        except REDIS_ERRORS as exc:
+            failures += 1
+            pause = min(pause_after(failures), min(beat_interval(h) for h in due) / 2)
+            log.warning("could not extend leases (%s: %s); retrying in %.2f s",
+                        type(exc).__name__, exc, pause)
+            await asyncio.sleep(pause)
+
+
+async def _beat(due: list[Held], runner: Any, keys: Callable[[str], Any], now: float) -> None:
+    by_queue: dict[str, list[Held]] = {}
+    for held in due:
+        by_queue.setdefault(held.queue, []).append(held)
+    for queue, jobs in by_queue.items():
+        leases = [(h.leased.short_id, h.leased.token, h.leased.visibility_ms) for h in jobs]
+        codes = await runner.run(calls.heartbeat(keys(queue), leases))
+        lost = []
+        for held, lease, code in zip(jobs, leases, codes, strict=True):
+            if held.leased.token != lease[1]:
+                continue  # leased again meanwhile: the next beat carries the new token
+            held.next_beat = now + beat_interval(held)
+            if not code and not held.lease_lost:
+                held.lease_lost = True
+                lost.append(lease[0])
+        if lost:
+            log.warning("lost the lease of %d job(s) in %s (another worker took them over;"
+                        " their results here will be refused): %s",
+                        len(lost), queue, ", ".join(lost[:5]))

@@ -13,12 +13,10 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
-import redis.exceptions
-
 from ..alerts import alerter_for
 from ..job import JobInfo
 from ..scripts import calls
-from .backoff import pause_after
+from .backoff import REDIS_ERRORS, pause_after
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -26,8 +24,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("conveyor.worker")
 # A refused script (ResponseError: out of memory, say) is retried like an unreachable
 # server: the outcomes are kept, never dropped.
-ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
-          redis.exceptions.ResponseError)
+ERRORS = REDIS_ERRORS
+HOOK_READ_TRIES = 8  # about 10 s of back-off
 
 
 class Outbox:
@@ -41,6 +39,7 @@ class Outbox:
         self.refused = 0
         self.alerter = alerter_for(app.alert_webhook)  # dead jobs -> webhook
         self._closed = False
+        self._hook_tasks: set[asyncio.Task[None]] = set()
 
     def add(self, queue: str, outcome: calls.Outcome) -> None:
         self.pending.setdefault(queue, []).append(outcome)
@@ -95,24 +94,46 @@ class Outbox:
         if dead:
             self.notify_dead(queue, dead)
         if done.trimmed:
-            log.error("dead-letter set of %s is full (cap %d): %d oldest dead job(s) deleted",
-                      queue, self.app.limits.dead_cap, len(done.trimmed))
+            self.notify_trimmed(queue, done.trimmed)
+
+    def notify_trimmed(self, queue: str, short_ids: list[str]) -> None:
+        """Dead letters deleted by the cap: log them and alert (they are gone for good)."""
+        log.error("dead-letter set of %s is full (cap %d): %d oldest dead job(s) deleted: %s",
+                  queue, self.app.limits.dead_cap, len(short_ids), ", ".join(short_ids[:5]))
+        if self.alerter is not None:
+            self.alerter.add_trimmed(queue, short_ids, self.app.limits.dead_cap)
 
     def notify_dead(self, queue: str, short_ids: list[str]) -> None:
         """Call the app's dead hooks for these jobs (in the background)."""
         if self.app.dead_hooks or self.alerter is not None:
-            asyncio.get_running_loop().create_task(self._call_hooks(queue, short_ids))
+            task = asyncio.get_running_loop().create_task(self._call_hooks(queue, short_ids))
+            self._hook_tasks.add(task)  # held until done: the loop keeps only weak references
+            task.add_done_callback(self._hook_tasks.discard)
 
     async def _call_hooks(self, queue: str, short_ids: list[str]) -> None:
         keys = self.app.keys(queue)
-        async with self.app.aredis().pipeline(transaction=False) as pipe:
-            for short in short_ids:  # one round trip for a whole batch of dead jobs
-                pipe.hgetall(keys.job(short))
-            records = await pipe.execute()
+        for failures in range(1, HOOK_READ_TRIES + 1):
+            try:
+                async with self.app.aredis().pipeline(transaction=False) as pipe:
+                    for short in short_ids:  # one round trip for a whole batch of dead jobs
+                        pipe.hgetall(keys.job(short))
+                    records = await pipe.execute()
+                break
+            except REDIS_ERRORS as exc:
+                if failures == HOOK_READ_TRIES:
+                    log.error("could not read %d dead job(s) of %s for the dead hooks and"
+                              " alerts (%s): %s", len(short_ids), queue, exc,
+                              ", ".join(short_ids[:5]))
+                    return
+                await asyncio.sleep(pause_after(failures))
         for short, record in zip(short_ids, records, strict=True):
             if not record:
                 continue
-            info = JobInfo.from_record(self.app, queue, short, record)
+            try:
+                info = JobInfo.from_record(self.app, queue, short, record)
+            except Exception:
+                log.exception("dead job %s~%s has a record that cannot be read", queue, short)
+                continue
             if self.alerter is not None:
                 self.alerter.add(info)
             for hook in self.app.dead_hooks:

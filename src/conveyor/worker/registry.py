@@ -8,7 +8,9 @@ one has to clean up after a SIGKILL. This module writes the registry and is its 
 reader (:func:`live_workers`), so what counts as alive is decided in one place.
 
 An idle worker must cost Redis almost nothing, so a beat is one pipelined round trip of
-two commands (EXPIRE, ZADD), plus an HSET of the fields that changed since the last beat.
+three commands (EXPIRE, ZADD, and a ZREMRANGEBYSCORE that prunes the entries of workers
+that were killed and could not remove their own), plus an HSET of the fields that changed
+since the last beat.
 """
 
 from __future__ import annotations
@@ -25,9 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import redis.exceptions
-
 from .. import keys as keyspace
+from .backoff import REDIS_ERRORS
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -41,7 +42,7 @@ __all__ = ["HEARTBEAT_SECONDS", "WorkerInfo", "keep_registered", "live_workers",
 log = logging.getLogger("conveyor.worker")
 HEARTBEAT_SECONDS = 10.0  # idle budget: 2 commands per beat, 0.2 commands/s
 TTL_BEATS = 3  # a worker missing this many beats in a row is gone
-ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+ERRORS = REDIS_ERRORS
 SUPERVISOR_ENV = "CONVEYOR_SUPERVISOR"  # set in supervised children: the parent's id
 
 
@@ -107,6 +108,8 @@ def describe(worker: Worker, started_at: float) -> dict[str, str]:
         "concurrency": str(worker.concurrency),
         "jobs": str(len(worker.held)),
         "processed": str(worker.processed),
+        # Slots held by sync runs that overran their timeout: capacity lost until they return.
+        "stuck": str(worker.stuck),
         "started_at": f"{started_at:.3f}",
         "supervisor": os.environ.get(SUPERVISOR_ENV, ""),
     }
@@ -116,11 +119,14 @@ async def _beat(client: redis.asyncio.Redis, namespace: str, worker_id: str,
                 changed: dict[str, str], everything: dict[str, str], now_s: float,
                 ttl: int) -> None:
     key = keyspace.worker_key(namespace, worker_id)
+    members = keyspace.workers_key(namespace)
     async with client.pipeline(transaction=False) as pipe:
         if changed:
             pipe.hset(key, mapping=changed)  # type: ignore[arg-type]
         pipe.expire(key, ttl)
-        pipe.zadd(keyspace.workers_key(namespace), {worker_id: int(now_s * 1000)})
+        pipe.zadd(members, {worker_id: int(now_s * 1000)})
+        # Killed workers cannot remove their own entries: the live ones prune them.
+        pipe.zremrangebyscore(members, "-inf", int((now_s - ttl) * 1000))
         replies = await pipe.execute()
     if not changed and not replies[0]:
         # The hash is gone (expired while Redis was unreachable, or a restart without
@@ -142,6 +148,7 @@ async def keep_registered(worker: Worker, interval: float = HEARTBEAT_SECONDS) -
     ttl = max(1, math.ceil(stale_after(interval)))
     started_at = worker.clock.now()
     sent: dict[str, str] = {}
+    failures = 0
     try:
         while True:
             fields = describe(worker, started_at)
@@ -151,8 +158,12 @@ async def keep_registered(worker: Worker, interval: float = HEARTBEAT_SECONDS) -
                             worker.clock.now(), ttl)
                 sent = fields
             except ERRORS as exc:
-                log.debug("worker registry heartbeat failed (%s)", exc)
+                log.log(logging.WARNING if failures else logging.DEBUG,
+                        "worker registry heartbeat failed (%s: %s)", type(exc).__name__, exc)
+                failures += 1
                 sent = {}
+            else:
+                failures = 0
             await asyncio.sleep(interval)
     finally:
         with contextlib.suppress(*ERRORS):

@@ -4,29 +4,33 @@ An idle worker blocks on its queues' wake keys (one BLPOP for all of them), so i
 a few commands a minute and starts new work within milliseconds of its enqueue. On a
 Redis Cluster one BLPOP may only name keys of one slot, so there the worker blocks once
 per slot its queues hash to (in practice once per queue), each as cheap as the one BLPOP.
+
+A marker wakes one worker, so no worker may sit on one: a worker that is stopping or has
+no free slot passes the marker on, and a stopping worker leaves one behind for each of
+its queues (a marker popped as it stopped would otherwise be lost with its connection).
+Markers can still be lost (a worker killed between taking one and acting on it), so
+after each quiet spell every idle worker looks for itself: at the ready backlog, the
+earliest delayed job and the earliest lease deadline of each queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import redis.exceptions
 from redis.crc import key_slot
 
 from .. import clients
-from .backoff import CONNECTION_ERRORS, pause_after
+from .backoff import REDIS_ERRORS, pause_after
 
 if TYPE_CHECKING:
     from . import Worker
 
 log = logging.getLogger("conveyor.worker")
-WAKE_BLOCK_SECONDS = 20.0  # longest BLPOP; after each quiet spell the lease deadlines are read
-# A cluster mid-failover or mid-resharding answers with errors of its own: wait and retry.
-ERRORS = (*CONNECTION_ERRORS, redis.exceptions.ClusterError,
-          redis.exceptions.RedisClusterException)
+WAKE_BLOCK_SECONDS = 20.0  # longest BLPOP; after each quiet spell the queues are looked at
 
 
 async def listen_for_wakeups(worker: Worker) -> None:
@@ -58,39 +62,73 @@ async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) 
     failures = 0
     while True:
         try:
+            if worker.stopping:
+                await asyncio.Event().wait()  # a stopping worker takes no more markers
             reply = await client.blpop(wake_keys, timeout=WAKE_BLOCK_SECONDS)
             if reply is None:
-                await _arm_for_leases(worker, client, queues)
+                await look_for_work(worker, client, queues)
+            elif worker.stopping or worker.free_slots() <= 0:
+                await _pass_on(client, reply[0])
+                await _wait_for_a_free_slot(worker)
+            else:
+                worker.wake_all()
             failures = 0
-        except ERRORS as exc:
+        except REDIS_ERRORS as exc:
             failures += 1
-            await asyncio.sleep(pause_after(failures))
-            log.debug("wake listener reconnecting after %s", exc)
-            worker.wake_all()
-            continue
-        if reply is None:
-            continue
-        if len(worker.held) >= worker.concurrency:
-            # No free slot here: pass the marker on to another worker, and block again only
-            # once a slot is free (before that this worker would take its marker back at
-            # once, again and again).
-            await client.lpush(reply[0], b"1")
-            await client.ltrim(reply[0], 0, 0)
-            while len(worker.held) >= worker.concurrency:
-                worker.slot_freed.clear()
-                await worker.slot_freed.wait()
-        worker.wake_all()
+            pause = pause_after(failures)
+            log.log(logging.WARNING if failures > 3 else logging.DEBUG,
+                    "wake listener: %s: %s; retrying in %.2f s", type(exc).__name__, exc, pause)
+            await asyncio.sleep(pause)
+            worker.wake_all()  # markers may have been missed meanwhile
 
 
-async def _arm_for_leases(worker: Worker, client: Any, queues: Sequence[str]) -> None:
-    """After a quiet spell, set the timer for the earliest lease of each queue. A worker
-    that dies holding jobs wakes nobody, and this worker's last fetch may predate the
-    lease: without this its job would wait for the next enqueue to be reclaimed. One
-    command per queue per quiet spell."""
-    for queue in queues:
-        first = await client.zrange(worker.app.keys(queue).leases, 0, 0, withscores=True)
-        known = worker.next_due.get(queue)
-        if first and (known is None or float(first[0][1]) < known):
-            worker.next_due[queue] = float(first[0][1])
-            assert worker.nudge is not None
-            worker.nudge.set()
+async def _pass_on(client: Any, wake_key: Any) -> None:
+    """Put a marker back for another worker (the list keeps at most one)."""
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.lpush(wake_key, b"1").ltrim(wake_key, 0, 0)
+        await pipe.execute()
+
+
+async def _wait_for_a_free_slot(worker: Worker) -> None:
+    # Before a slot is free this worker would take its own marker back, again and again.
+    while worker.free_slots() <= 0 and not worker.stopping:
+        worker.slot_freed.clear()
+        await worker.slot_freed.wait()
+
+
+async def leave_markers(worker: Worker) -> None:
+    """On the way out: one marker per queue, for the marker this worker may have taken as
+    it stopped (best effort; the other workers' own checks are the backstop)."""
+    client = worker.app.aredis()
+    with contextlib.suppress(*REDIS_ERRORS):
+        async with asyncio.timeout(2.0):
+            for queue in worker.queues:
+                await _pass_on(client, worker.app.keys(queue).wake)
+
+
+async def look_for_work(worker: Worker, client: Any, queues: Sequence[str]) -> None:
+    """After a quiet spell, read each queue's ready backlog, earliest delayed job and
+    earliest lease deadline (three commands per queue, pipelined). A wake-up can be lost —
+    its worker died or left before acting — and a worker that dies holding jobs wakes
+    nobody: without this, such work would wait for an unrelated enqueue."""
+    async with client.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            k = worker.app.keys(queue)
+            pipe.hget(k.counts, "ready")
+            pipe.zrange(k.delayed, 0, 0, withscores=True)
+            pipe.zrange(k.leases, 0, 0, withscores=True)
+        replies = await pipe.execute()
+    for i, queue in enumerate(queues):
+        ready, delayed, leases = replies[3 * i: 3 * i + 3]
+        if _number(ready) > 0:
+            worker.look_again(queue)
+        for first in (delayed, leases):
+            if first:
+                worker.due_at(queue, float(first[0][1]))
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value or 0)
+    except (TypeError, ValueError):
+        return 0.0

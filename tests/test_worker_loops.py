@@ -1,0 +1,112 @@
+"""Every background loop of a worker survives every kind of Redis error.
+
+A worker runs beside its fetch loop a wake listener, lease heartbeats, an outbox of
+outcomes, a registry heartbeat and a periodic scheduler. Each error class a production
+Redis answers with is injected into each of them (see ``injection.py``); afterwards the
+worker must still wake for new jobs, keep a long job's lease, record outcomes and fire
+cron ticks. A loop that cannot be kept alive stops the worker loudly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+import conveyor
+from helpers import running_worker, wait_until
+from injection import ERRORS, FaultPlan
+
+TARGETS = ["BLPOP", "script:fetch", "script:heartbeat", "script:finish", "script:enqueue",
+           "pipeline"]
+
+
+def _build(app: conveyor.Conveyor) -> tuple[Counter[str], dict[str, conveyor.Task]]:
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    @app.task(name="quick", queue="q")
+    def quick(n: int) -> int:
+        with lock:
+            runs[f"quick{n}"] += 1
+        return n
+
+    @app.task(name="long", queue="q", visibility_timeout=1.5)
+    async def long(seconds: float) -> str:
+        runs["long"] += 1
+        await asyncio.sleep(seconds)
+        return "done"
+
+    @app.periodic("* * * * * *", queue="q", name="tick")  # every second
+    def tick() -> None:
+        runs["tick"] += 1
+
+    return runs, {"quick": quick, "long": long}
+
+
+@pytest.mark.parametrize("kind", sorted(ERRORS))
+def test_every_loop_survives_each_redis_error(app: conveyor.Conveyor, kind: str) -> None:
+    runs, tasks = _build(app)
+    with running_worker(app, queues=["q"], concurrency=4):
+        wait_until(lambda: runs["tick"] >= 1, 10, message="the first cron tick")
+        with FaultPlan() as plan:
+            long_job = tasks["long"].enqueue(3.0)  # outlives its 1.5 s lease twice over
+            wait_until(lambda: runs["long"] == 1, 10, message="the long job to start")
+            for target in TARGETS:
+                plan.fail(target, kind, times=3)
+            ticks = runs["tick"]
+            # An idle worker still wakes for new work, records it, and cron still fires.
+            jobs = [tasks["quick"].enqueue(i) for i in range(5)]
+            assert [j.result(timeout=15) for j in jobs] == list(range(5))
+            assert long_job.result(timeout=15) == "done"
+            wait_until(lambda: runs["tick"] > ticks, 10, message="a cron tick after the faults")
+        info = long_job.info()
+        # Its lease was kept alive through the faults: one run, one attempt.
+        assert (runs["long"], info.attempts) == (1, 1), info
+        assert all(runs[f"quick{i}"] == 1 for i in range(5)), runs
+        assert plan.injected["BLPOP"] >= 1 and plan.injected["script:heartbeat"] >= 1
+
+
+class _Fatal(BaseException):
+    """Not an Exception: no loop may swallow it."""
+
+
+def test_a_loop_that_cannot_be_kept_alive_stops_the_worker(app: conveyor.Conveyor) -> None:
+    from conveyor.worker import LoopDied
+
+    _build(app)
+    worker = app.worker(queues=["q"], concurrency=2, grace=1.0)
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    with FaultPlan() as plan:
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        wait_until(worker.started.is_set, 10, message="worker start")
+        plan.fail("BLPOP", _Fatal, times=1)
+        app.task(name="nudge", queue="q")(lambda: None).enqueue()  # ends a block at once
+        thread.join(20)
+    assert not thread.is_alive(), "the worker kept running without its wake listener"
+    assert errors and isinstance(errors[0], LoopDied), errors
+    assert "wake listener" in str(errors[0])
+
+
+def test_idle_worker_wakes_after_blocking_call_errors(app: conveyor.Conveyor) -> None:
+    """An UNBLOCKED reply (a failover demoting the primary) used to end the wake listener
+    for good: the idle worker then never woke for new jobs."""
+    _, tasks = _build(app)
+    with running_worker(app, queues=["q"], concurrency=2), FaultPlan() as plan:
+        plan.fail("BLPOP", "unblocked", times=1)
+        tasks["quick"].enqueue(0).result(timeout=10)  # ends the first block: refused
+        wait_until(lambda: plan.pending() == 0, 10, message="the injected UNBLOCKED")
+        started = time.monotonic()
+        assert tasks["quick"].enqueue(1).result(timeout=10) == 1
+        assert time.monotonic() - started < 5
