@@ -14,7 +14,8 @@ import pytest
 
 import conveyor
 from conveyor.alerts import Alerter, Webhook
-from helpers import running_worker, wait_until
+from conveyor.scripts import calls
+from helpers import RedisServer, running_worker, wait_until
 
 
 class Hook:
@@ -136,3 +137,38 @@ def test_worker_alerts_a_dead_storm_in_a_few_messages(app: conveyor.Conveyor, ho
     assert len(hook.messages) <= 15
     assert "doomed (queue default): RuntimeError: job" in hook.messages[0]["text"]
     assert app.dead_letters("default").list(limit=1)
+
+
+def test_dead_letters_trimmed_by_the_cap_raise_an_alert(redis_server: RedisServer,
+                                                        namespace: str, hook: Hook) -> None:
+    app = conveyor.Conveyor(redis_server.url, namespace=namespace,
+                            limits=calls.Limits(dead_cap=2),
+                            alert_webhook=Webhook(hook.url, gather=0.2, min_interval=1.0))
+
+    @app.task(name="doomed", retries=0)
+    def doomed(n: int) -> None:
+        raise RuntimeError(f"job {n} failed on purpose")
+
+    jobs = doomed.enqueue_many([(n,) for n in range(5)])
+    try:
+        with running_worker(app, concurrency=1):
+            wait_until(lambda: all(j.info().state == "dead" for j in _known(jobs)), 20,
+                       message="every job dead or trimmed")
+            wait_until(lambda: any("deleted by the cap" in m["text"] for m in hook.messages),
+                       10, message="an alert about the trimmed dead letters")
+    finally:
+        app.close()
+    text = next(m["text"] for m in hook.messages if "deleted by the cap" in m["text"])
+    assert "dead-letter set is full (cap 2)" in text
+    assert len(app.dead_letters("default")) <= 2
+
+
+def _known(jobs: list[conveyor.Job]) -> list[conveyor.Job]:
+    out = []
+    for job in jobs:
+        try:
+            job.info()
+        except conveyor.JobNotFound:
+            continue
+        out.append(job)
+    return out

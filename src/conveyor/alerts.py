@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from .job import JobInfo
 
 log = logging.getLogger("conveyor.alerts")
+TRIMMED = "(dead letters deleted by the cap)"  # the task name of trimmed dead letters' group
 MAX_GROUP_LINES = 10  # task types listed in one message; the rest are summed up
 EXAMPLE_IDS = 3
 
@@ -110,6 +111,19 @@ class Alerter:
             group.error = first_line(info.error)
         if len(group.examples) < EXAMPLE_IDS:
             group.examples.append(info.id)
+        self._schedule()
+
+    def add_trimmed(self, queue: str, short_ids: list[str], cap: int) -> None:
+        """Count dead letters the dead-letter cap deleted: they are gone for good, and the
+        set being full is itself worth an alert."""
+        group = self.groups.setdefault((queue, TRIMMED), _Group())
+        group.count += len(short_ids)
+        group.error = f"the dead-letter set is full (cap {cap}); its oldest entries were deleted"
+        ids = [f"{queue}~{short}" for short in short_ids[:EXAMPLE_IDS]]
+        group.examples = (group.examples + ids)[:EXAMPLE_IDS]
+        self._schedule()
+
+    def _schedule(self) -> None:
         if self._task is None or self._task.done():
             self._next_send = max(self._next_send, time.monotonic() + self.webhook.gather)
             self._task = asyncio.get_running_loop().create_task(self._run(),
@@ -117,7 +131,7 @@ class Alerter:
 
     def message(self) -> str:
         """The text summarising every dead job counted and not yet delivered."""
-        total = self.pending
+        total = sum(g.count for (_, task), g in self.groups.items() if task != TRIMMED)
         ordered = sorted(self.groups.items(), key=lambda item: -item[1].count)
         lines = [f":rotating_light: {self.source}: {total} job(s) went dead"]
         for (queue, task), group in ordered[:MAX_GROUP_LINES]:

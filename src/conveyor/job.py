@@ -36,7 +36,8 @@ class JobState(str, enum.Enum):
 def _text(value: Any) -> str | None:
     if value is None:
         return None
-    return value.decode() if isinstance(value, bytes) else str(value)
+    # Records are untrusted: a byte that is not UTF-8 is shown, not raised on.
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _time(value: Any) -> float | None:
@@ -51,6 +52,15 @@ def _int(value: Any, default: int) -> int:
         return int(_text(value) or default)
     except ValueError:
         return default
+
+
+def _state(raw: str | None) -> tuple[JobState, str | None]:
+    """The record's state, and a note when it is no job state (the record is corrupt:
+    shown as dead, since no worker will run it as it stands)."""
+    try:
+        return JobState(raw or "ready"), None
+    except ValueError:
+        return JobState.DEAD, f"corrupt record: field 'state' is not a job state: {raw!r}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +98,7 @@ class JobInfo:
         enqueued_at = _time(get(b"enqueued_at"))
         run_at = _time(get(b"run_at")) or enqueued_at  # stored only when it differs
         started_at, finished_at = _time(get(b"started_at")), _time(get(b"finished_at"))
-        state = JobState(_text(get(b"state")) or "ready")
+        state, corrupt = _state(_text(get(b"state")))
         wait_time = run_time = None
         if started_at is not None and enqueued_at is not None:
             wait_time = max(0.0, started_at - max(enqueued_at, run_at or enqueued_at))
@@ -98,8 +108,8 @@ class JobInfo:
         if state == JobState.SUCCEEDED:
             try:
                 result = app.codec.decode_result(get(b"result"))
-            except EncodingError as exc:
-                result = f"<undecodable result: {exc}>"
+            except (EncodingError, RecursionError, ValueError) as exc:
+                result = f"<undecodable result: {type(exc).__name__}: {exc}>"
         return cls(
             id=keyspace.job_id(queue, short_id),
             task=_text(get(b"task")) or "",
@@ -115,7 +125,7 @@ class JobInfo:
             finished_at=finished_at,
             wait_time=wait_time,
             run_time=run_time,
-            error=_text(get(b"error")) or None,
+            error=corrupt or _text(get(b"error")) or None,
             result=result,
         )
 

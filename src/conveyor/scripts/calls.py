@@ -7,8 +7,9 @@ the script's header (a test checks them against the ``.lua`` files). Callers pas
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -35,7 +36,8 @@ ARGV: dict[str, tuple[str, ...]] = {
     "enqueue": ("now", "bucket_seconds", "bucket_ttl", "claim", "claim_tick", "claim_mode",
                 "task", "priority", "tenant", "delay_ms", "at_ms", "max_attempts", "key",
                 "visibility_ms", "count"),
-    "fetch": ("now", "count", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl"),
+    "fetch": ("now", "count", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
+              "nonce"),
     "finish": ("now", "retention", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
                "count"),
     "heartbeat": ("now", "count"),
@@ -74,7 +76,7 @@ def _now(now: float | None) -> Arg:
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class JobSpec(NamedTuple):
@@ -142,7 +144,12 @@ def enqueue(
 
 @dataclass(frozen=True, slots=True)
 class Leased:
-    """A job leased to a worker by ``fetch``."""
+    """A job leased to a worker by ``fetch``.
+
+    ``problem`` names what makes the job impossible to run when the script could not see
+    it (a task name or id that is not UTF-8); the worker then dead-letters the job with it
+    as the reason. Fields a script can check (numbers) are checked by the script itself.
+    """
 
     short_id: str
     token: str
@@ -153,16 +160,19 @@ class Leased:
     enqueued_at: float
     run_at: float
     visibility_ms: int
+    problem: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Fetched:
-    """The reply of ``fetch``: server time, next due time, jobs lost to dead workers, leases."""
+    """The reply of ``fetch``: server time, next due time, jobs that went dead (lost
+    leases, bad records), leases, and dead letters the cap deleted meanwhile."""
 
     now_ms: float
     next_due_ms: float | None
     dead: list[str]
     jobs: list[Leased]
+    trimmed: list[str] = field(default_factory=list)
 
 
 def _float(value: Any, default: float = 0.0) -> float:
@@ -174,23 +184,40 @@ def _float(value: Any, default: float = 0.0) -> float:
         return default
 
 
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _leased(f: Sequence[Any]) -> Leased:
+    """One leased job from its 9 reply fields; never raises (see ``Leased.problem``)."""
+    problem = None
+    texts = []
+    for name, raw in (("id", f[0]), ("token", f[1]), ("task", f[2])):
+        try:
+            texts.append(raw.decode() if isinstance(raw, bytes) else str(raw))
+        except UnicodeDecodeError:
+            problem = problem or f"corrupt record: field {name!r} is not valid UTF-8"
+            texts.append(raw.decode(errors="surrogateescape"))
+    args = f[3] if isinstance(f[3], bytes) else str(f[3]).encode()
+    return Leased(
+        short_id=texts[0], token=texts[1], task=texts[2], args=args,
+        attempts=_int(f[4], 1), max_attempts=_int(f[5], 1),
+        enqueued_at=_float(f[6]), run_at=_float(f[7], _float(f[6])),
+        visibility_ms=_int(f[8], 30_000), problem=problem,
+    )
+
+
 def _parse_fetch(reply: list[Any]) -> Fetched:
-    now, next_due, dead, flat = reply
-    jobs = [
-        Leased(
-            short_id=_text(flat[i]), token=_text(flat[i + 1]), task=_text(flat[i + 2]),
-            args=flat[i + 3] if isinstance(flat[i + 3], bytes) else str(flat[i + 3]).encode(),
-            attempts=int(flat[i + 4]), max_attempts=int(flat[i + 5]),
-            enqueued_at=_float(flat[i + 6]), run_at=_float(flat[i + 7], _float(flat[i + 6])),
-            visibility_ms=int(flat[i + 8]),
-        )
-        for i in range(0, len(flat), 9)
-    ]
+    now, next_due, dead, flat, trimmed = reply
     return Fetched(
         now_ms=float(now),
         next_due_ms=float(next_due) if next_due not in (b"", "") else None,
         dead=[_text(d) for d in dead],
-        jobs=jobs,
+        jobs=[_leased(flat[i:i + 9]) for i in range(0, len(flat), 9)],
+        trimmed=[_text(t) for t in trimmed],
     )
 
 
@@ -199,7 +226,7 @@ def fetch(
 ) -> ScriptCall[Fetched]:
     """Lease up to ``count`` jobs (after promotion and lease reclaim)."""
     args: list[Arg] = [_now(now), count, limits.dead_cap, limits.events_maxlen,
-                       limits.bucket_seconds, limits.bucket_ttl]
+                       limits.bucket_seconds, limits.bucket_ttl, os.urandom(8).hex()]
     return _call("fetch", k, args, _parse_fetch)
 
 
@@ -252,11 +279,15 @@ def heartbeat(
     return _call("heartbeat", k, args, lambda r: [int(c) for c in r])
 
 
-def release(k: QueueKeys, jobs: Sequence[tuple[str, str]]) -> ScriptCall[int]:
-    """Hand back unstarted leased jobs given as (short id, token)."""
+def release(
+    k: QueueKeys, jobs: Sequence[tuple[str, str] | tuple[str, str, str]]
+) -> ScriptCall[int]:
+    """Hand back leased jobs given as (short id, token) when they never started, or
+    (short id, token, reason) when their run was interrupted (the reason is recorded);
+    either way the attempt is refunded."""
     args: list[Arg] = [len(jobs)]
-    for short_id, token in jobs:
-        args.extend((short_id, token))
+    for job in jobs:
+        args.extend((job[0], job[1], job[2] if len(job) > 2 else ""))
     return _call("release", k, args, int)
 
 

@@ -1,6 +1,11 @@
 #!lua
 -- Lease up to `count` ready jobs to a worker, after promoting due delayed jobs and
--- reclaiming expired leases. Each leased job gets a fresh fencing token.
+-- reclaiming expired leases. Each leased job gets a fresh fencing token: the queue's
+-- counter joined with a random nonce of this call, so that a token is never handed out
+-- twice, also after Redis rolled back to an older state (failover to a lagging replica,
+-- restore from a snapshot) and its counter with it.
+-- A record that cannot be run as it stands (a field that must be a number is not, a
+-- state that is no job state) is dead-lettered here with a reason naming the field.
 --
 -- KEYS[1]  job_prefix
 -- KEYS[2]  ready_prefix
@@ -23,20 +28,23 @@
 -- ARGV[4] events_maxlen   approximate cap of the events stream
 -- ARGV[5] bucket_seconds  width of a metric bucket
 -- ARGV[6] bucket_ttl      lifetime of a metric bucket (s)
--- Returns: { now_ms, next_due_ms ('' if none), dead short ids (lost leases),
+-- ARGV[7] nonce           random text of this call, part of every token it hands out
+-- Returns: { now_ms, next_due_ms ('' if none), dead short ids (lost leases, bad records),
 --            jobs: flat, 9 fields each: short id, token, task, args, attempts,
---            max_attempts, enqueued_at, run_at, vt }
+--            max_attempts, enqueued_at, run_at, vt;
+--            short ids of dead letters deleted by the cap meanwhile }
 --@include clock
 --@include ready
 --@include metrics
 --@include finish
+--@include records
 --@include maintain
 
 local k = { job_prefix = KEYS[1], ready_prefix = KEYS[2], ring_prefix = KEYS[3],
   priorities = KEYS[4], delayed = KEYS[5], leases = KEYS[6], dead = KEYS[7],
   counts = KEYS[8], active = KEYS[9], seq = KEYS[10], dedupe_prefix = KEYS[11],
   events = KEYS[12], metrics_prefix = KEYS[13], wake = KEYS[14], paused = KEYS[15] }
-local want = tonumber(ARGV[2])
+local want, nonce = tonumber(ARGV[2]), ARGV[7]
 local cfg = { dead_cap = tonumber(ARGV[3]), events_maxlen = tonumber(ARGV[4]),
   bucket_seconds = tonumber(ARGV[5]), bucket_ttl = tonumber(ARGV[6]) }
 if not want or want < 0 or not cfg.dead_cap or not cfg.events_maxlen
@@ -44,12 +52,13 @@ if not want or want < 0 or not cfg.dead_cap or not cfg.events_maxlen
   return redis.error_reply('ERR fetch: count, dead_cap, events_maxlen, bucket_seconds and '
     .. 'bucket_ttl must be numbers')
 end
+if not nonce or nonce == '' then return redis.error_reply('ERR fetch: nonce must be set') end
 
 local now = now_ms(ARGV[1])
 local tally = new_tally()
-local dead_ids = reclaim_expired(k, now, 100, cfg, tally)
-promote_due(k.delayed, k.job_prefix, k.ready_prefix, k.ring_prefix, k.priorities, k.counts,
-  now, 1000)
+local out = { dead = {}, trimmed = {} }
+reclaim_expired(k, now, 100, cfg, tally, out)
+promote_due(k, now, 1000, cfg, tally, out)
 
 local jobs, taken, leases, active = {}, 0, {}, {}
 if redis.call('EXISTS', k.paused) == 0 then
@@ -60,13 +69,18 @@ if redis.call('EXISTS', k.paused) == 0 then
     local token_base = redis.call('INCRBY', k.seq, #ids) - #ids
     for i, id in ipairs(ids) do
       local key = k.job_prefix .. id
-      local f = redis.call('HMGET', key, 'state', 'task', 'args', 'attempts', 'max_attempts',
-        'enqueued_at', 'run_at', 'vt')
+      local r = read_record(key)
       -- Cancelled jobs are removed lazily here; their ready count was taken off at cancel.
-      if f[1] ~= 'cancelled' then popped_ready = popped_ready + 1 end
-      if f[1] == 'ready' then
+      if r.state ~= 'cancelled' then popped_ready = popped_ready + 1 end
+      -- A missing record (expired) or one of another state (a stale entry) is skipped.
+      local bad = r.state and record_problem(r)
+      if bad then
+        dead_letter(k, cfg, tally, now, id, r, bad, out)
+      elseif r.state == 'ready' then
+        local f = redis.call('HMGET', key, 'state', 'task', 'args', 'attempts', 'max_attempts',
+          'enqueued_at', 'run_at', 'vt')
         local attempts = (tonumber(f[4]) or 0) + 1
-        local token = string.format('%d', token_base + i)
+        local token = string.format('%d', token_base + i) .. '.' .. nonce
         local vt = tonumber(f[8]) or 30000
         local task = f[2] or ''
         redis.call('HSET', key, 'state', 'active', 'attempts', attempts, 'token', token)
@@ -101,4 +115,4 @@ if #first_lease > 0 and (next_due == '' or tonumber(first_lease[2]) < next_due) 
   next_due = tonumber(first_lease[2])
 end
 return { string.format('%.3f', now), next_due == '' and '' or string.format('%.3f', next_due),
-  dead_ids, jobs }
+  out.dead, jobs, out.trimmed }

@@ -1,6 +1,9 @@
 #!lua
--- Hand leased jobs back unrun (a stopping worker's jobs that never started): they return
--- to the front of their lists and the attempt they were charged is given back.
+-- Hand leased jobs back (a stopping worker's): they return to the front of their lists and
+-- the attempt they were charged is given back. A job whose run had started and was
+-- interrupted by the shutdown is handed back the same way, with the interruption recorded
+-- on its record (its `error` and an `interruptions` count): a shutdown never uses up an
+-- attempt nor dead-letters a job.
 --
 -- KEYS[1] job_prefix
 -- KEYS[2] ready_prefix
@@ -10,7 +13,8 @@
 -- KEYS[6] counts
 -- KEYS[7] active
 -- KEYS[8] wake
--- ARGV[1] count   number of jobs that follow, 2 fields each: short id, token
+-- ARGV[1] count   number of jobs that follow, 3 fields each: short id, token, reason
+--                 ('' for a job that never started, else why its run was interrupted)
 -- Returns: number of jobs handed back (stale tokens are skipped)
 --@include ready
 --@include finish
@@ -18,18 +22,22 @@
 local job_prefix, ready_prefix, ring_prefix, priorities = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local leases, counts, active, wake = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local n = tonumber(ARGV[1])
-if not n or #ARGV ~= 1 + n * 2 then
-  return redis.error_reply('ERR release: expected ' .. tostring(n) .. ' jobs of 2 fields')
+if not n or #ARGV ~= 1 + n * 3 then
+  return redis.error_reply('ERR release: expected ' .. tostring(n) .. ' jobs of 3 fields')
 end
 
 local released = 0
 for i = 0, n - 1 do
-  local id, token = ARGV[2 + i * 2], ARGV[3 + i * 2]
+  local id, token, reason = ARGV[2 + i * 3], ARGV[3 + i * 3], ARGV[4 + i * 3]
   local key = job_prefix .. id
   local f = redis.call('HMGET', key, 'state', 'token', 'task', 'attempts', 'priority', 'tenant')
   if f[1] == 'active' and f[2] == token then
     redis.call('HSET', key, 'state', 'ready', 'token', '',
       'attempts', math.max(0, (tonumber(f[4]) or 1) - 1))
+    if reason ~= '' then
+      redis.call('HSET', key, 'error', reason)
+      redis.call('HINCRBY', key, 'interruptions', 1)
+    end
     redis.call('ZREM', leases, id)
     release_active(active, f[3] or '')
     push_ready(ready_prefix, ring_prefix, priorities, id, f[5] or '5', f[6] or '', true)

@@ -1,0 +1,60 @@
+-- Job records are untrusted: a hand edit, a bug elsewhere or a partial restore can leave a
+-- field that is not what a script needs. A record that cannot be run as it stands is
+-- dead-lettered with a reason naming the field, so one bad record never wedges a queue.
+
+local JOB_STATES = { scheduled = true, ready = true, active = true, succeeded = true,
+  retrying = true, dead = true, cancelled = true }
+
+local function quoted(value)
+  return "'" .. string.sub(tostring(value), 1, 40) .. "'"
+end
+
+-- The first problem found with the fields a worker needs, or nil. Absent fields are fine
+-- (readers use defaults); present ones must parse.
+local function record_problem(r)
+  if r.state and not JOB_STATES[r.state] then
+    return "corrupt record: field 'state' is not a job state: " .. quoted(r.state)
+  end
+  local p = r.priority and tonumber(r.priority)
+  if r.priority and (not p or p ~= math.floor(p) or p < 0 or p > 9) then
+    return "corrupt record: field 'priority' is not an integer 0-9: " .. quoted(r.priority)
+  end
+  if r.attempts and not tonumber(r.attempts) then
+    return "corrupt record: field 'attempts' is not an integer: " .. quoted(r.attempts)
+  end
+  if r.max_attempts and not tonumber(r.max_attempts) then
+    return "corrupt record: field 'max_attempts' is not an integer: " .. quoted(r.max_attempts)
+  end
+  local vt = r.vt and tonumber(r.vt)
+  if r.vt and (not vt or vt <= 0) then
+    return "corrupt record: field 'vt' is not a positive number: " .. quoted(r.vt)
+  end
+  return nil
+end
+
+-- Reads the fields record_problem checks (plus what a dead letter needs) as a table.
+local function read_record(key)
+  local f = redis.call('HMGET', key, 'state', 'priority', 'attempts', 'max_attempts', 'vt',
+    'task', 'tenant', 'key', 'enqueued_at', 'run_at', 'started_at')
+  return { state = f[1] or nil, priority = f[2] or nil, attempts = f[3] or nil,
+    max_attempts = f[4] or nil, vt = f[5] or nil, task = f[6] or '', tenant = f[7] or nil,
+    key = f[8] or nil, enqueued_at = f[9] or nil, run_at = f[10] or nil,
+    started_at = f[11] or nil }
+end
+
+-- Dead-letter a job (a bad record, or a lost lease on its last attempt): k holds the queue's keys (job_prefix, dead, dedupe_prefix,
+-- events), out collects { dead = ids, trimmed = ids }.
+local function dead_letter(k, cfg, tally, now, id, r, reason, out)
+  local finished_at = seconds(now)
+  redis.call('HSET', k.job_prefix .. id, 'state', 'dead', 'token', '', 'error', reason,
+    'finished_at', finished_at)
+  for _, old in ipairs(bury(k.dead, k.job_prefix, id, now, cfg.dead_cap)) do
+    out.trimmed[#out.trimmed + 1] = old
+  end
+  free_dedupe_key(k.dedupe_prefix, r.key, id)
+  emit_event(k.events, cfg.events_maxlen, id, { task = r.task, state = 'dead',
+    attempts = r.attempts or '0', enqueued_at = r.enqueued_at, run_at = r.run_at,
+    started_at = r.started_at, finished_at = finished_at, tenant = r.tenant, error = reason })
+  count(tally, r.task, 'dead', 1)
+  out.dead[#out.dead + 1] = id
+end
