@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -214,3 +215,63 @@ def test_scripts_are_loaded_again_after_a_script_flush(
     jobs = [task.enqueue() for task in tasks] + asyncio.run(enqueue_async())
     assert all(job.info().state == conveyor.JobState.READY for job in jobs)
     assert sum(capp.monitor.backlog(q).ready for q in queues) == 4 * len(queues)
+
+
+def test_every_tool_runs_against_the_cluster(capp: conveyor.Conveyor, cluster: RedisCluster,
+                                             tmp_path: Path) -> None:
+    """The sink, every read-only CLI command, the exporter and the dashboard, on queues
+    spread over the nodes (the sink used to read all queues' streams in one cross-slot
+    command and crash)."""
+    from click.testing import CliRunner
+    from prometheus_client import CollectorRegistry, generate_latest
+    from starlette.testclient import TestClient
+
+    from conveyor.cli import main
+    from conveyor.monitor.prometheus import RedisCollector
+    from conveyor.sink import Sink
+    from conveyor.web import create_app
+
+    queues = spread_queues(capp, cluster)
+    tasks = []
+    for queue in queues:
+        tasks.append(capp.task(name=f"ok_{queue}", queue=queue)(lambda n: n))
+        capp.task(name=f"bad_{queue}", queue=queue, retries=0)(_fail)
+    done = [t.enqueue(1) for t in tasks]
+    dead = [capp.tasks[f"bad_{q}"].enqueue() for q in queues]
+    with running_worker(capp, queues=queues, concurrency=4):
+        assert [j.result(timeout=15) for j in done] == [1] * len(queues)
+        for job in dead:
+            wait_until(lambda j=job: j.info().state == "dead", 15, message="dead")
+    capp.tasks[f"ok_{queues[0]}"].options(delay=600).enqueue(2)
+
+    db = f"sqlite:///{tmp_path / 'jobs.db'}"
+    assert Sink(capp, db).run(until_idle=True) == 2 * len(queues)
+
+    env = {"CONVEYOR_REDIS_URL": capp.url}
+    common = ["--namespace", capp.namespace]
+    runner = CliRunner()
+    commands = [["info", *common], ["job", done[0].id, *common],
+                ["dead", "list", queues[0], *common], ["stats", *common],
+                ["advice", queues[0], *common],
+                ["top", "-n", "1", "-i", "0.1", *common],
+                ["report", "--db", db], ["sink", "--db", db, "--until-idle", *common]]
+    for args in commands:
+        result = runner.invoke(main, args, env=env, catch_exceptions=False)
+        assert result.exit_code == 0, (args, result.output)
+    assert done[0].id in runner.invoke(main, ["job", done[0].id, *common], env=env).output
+
+    registry = CollectorRegistry()
+    registry.register(RedisCollector(capp))
+    exported = generate_latest(registry).decode()
+    assert f'queue="{queues[1]}"' in exported
+
+    with TestClient(create_app(capp)) as web:
+        for path in ["/", f"/queues/{queues[0]}", f"/queues/{queues[0]}/jobs", "/tasks",
+                     "/jobs", f"/jobs/{done[0].id}", "/workers", "/schedules",
+                     "/api/overview", "/api/tasks", "/api/workers", f"/api/queues/{queues[1]}",
+                     f"/api/queues/{queues[1]}/series", f"/api/jobs/{dead[0].id}"]:
+            assert web.get(path).status_code == 200, path
+
+
+def _fail() -> None:
+    raise RuntimeError("fails on purpose")

@@ -3,8 +3,9 @@ import conveyor
 EXPECTED = [
     "Advice", "Backlog", "Codec", "ConfigurationError", "Conveyor", "ConveyorError",
     "DeadLetters", "EncodingError", "Job", "JobCancelled", "JobFailed", "JobInfo", "JobNotFound",
-    "JobOptions", "JobState", "Limits", "Monitor", "PayloadTooLarge", "ResultTimeout",
-    "SerializationError", "Stats", "Task", "TaskActivity", "Timing", "Worker", "__version__",
+    "JobOptions", "JobState", "Limits", "Monitor", "NotReplicated", "PartialEnqueue",
+    "PayloadTooLarge", "ResultTimeout", "SerializationError", "Stats", "Task", "TaskActivity",
+    "Timing", "Worker", "__version__",
 ]
 
 

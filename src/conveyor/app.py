@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from . import clients
 from . import keys as keyspace
 from .encoding import DEFAULT_MAX_PAYLOAD, Codec, Format
-from .errors import ConfigurationError
+from .errors import ConfigurationError, NotReplicated, PartialEnqueue
 from .job import Job, JobInfo
 from .scripts import AsyncScriptRunner, ScriptRunner, calls
 from .task import Task
@@ -41,6 +41,8 @@ class Conveyor:
     :param limits: retention, dead-letter cap and other bounds on Redis memory
     :param alert_webhook: URL (or :class:`~conveyor.alerts.Webhook`) that receives a
         Slack-compatible message when jobs go dead, batched and rate-limited
+    :param durable_replicas: replicas that must confirm a ``durable=True`` enqueue
+    :param durable_timeout: seconds a durable enqueue waits for them (``WAIT``)
     """
 
     def __init__(
@@ -52,6 +54,8 @@ class Conveyor:
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         limits: calls.Limits | None = None,
         alert_webhook: str | Webhook | None = None,
+        durable_replicas: int = 1,
+        durable_timeout: float = 1.0,
     ) -> None:
         self.url = url or os.environ.get("CONVEYOR_REDIS_URL") or DEFAULT_URL
         if not namespace or any(c in namespace for c in "{}"):
@@ -60,6 +64,8 @@ class Conveyor:
         self.codec = Codec(encoding, max_payload)
         self.limits = limits or calls.Limits()
         self.alert_webhook = alert_webhook
+        self.durable_replicas = durable_replicas
+        self.durable_timeout = durable_timeout
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.periodics: list[Periodic] = []
         self.dead_hooks: list[Callable[[JobInfo], Any]] = []
@@ -259,23 +265,63 @@ class Conveyor:
         ]
 
     def store(
-        self, queue: str, spec: calls.JobSpec, jobs: Sequence[tuple[str, bytes]]
+        self, queue: str, spec: calls.JobSpec, jobs: Sequence[tuple[str, bytes]],
+        durable: bool = False,
     ) -> list[tuple[str, bool]]:
         """Store jobs given as (short id, encoded arguments), all as ``spec`` says, in one
-        round trip; (short id, created) for each."""
+        round trip; (short id, created) for each.
+
+        :param durable: also wait (``WAIT``, on the same connection) until
+            :attr:`durable_replicas` replicas have the jobs
+        :raises NotReplicated: durable, and fewer replicas confirmed in time
+        """
         chunks = self._chunks(queue, spec, jobs)
-        if len(chunks) == 1 and queue in self._registered_queues:
+        if len(chunks) == 1 and queue in self._registered_queues and not durable:
             return self.scripts.run(chunks[0])
         if not self.scripts.pipelined:  # a cluster: its pipelines refuse script calls
+            if durable:
+                raise ConfigurationError("durable enqueue is not available on a Redis"
+                                         " Cluster (WAIT must follow the writes on their"
+                                         " connection)")
             return self._store_apart(queue, chunks)
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.sadd(keyspace.queues_key(self.namespace), queue)
             for call in chunks:
                 self.scripts.queue(call, pipe)
-            replies = pipe.execute()
+            if durable:
+                pipe.execute_command("WAIT", self.durable_replicas,
+                                     max(1, int(self.durable_timeout * 1000)))
+            replies = pipe.execute(raise_on_error=False)
+        acked: Any = replies.pop() if durable else 0
+        stored: list[tuple[str, bool]] = []
+        for call, reply in zip(chunks, replies[1:], strict=True):
+            if isinstance(reply, Exception):
+                raise self._partial(queue, stored, reply)
+            stored.extend(call.parse(reply))
+        if isinstance(replies[0], Exception):
+            raise self._partial(queue, stored, replies[0])
         self._registered_queues.add(queue)
-        return [pair for call, reply in zip(chunks, replies[1:], strict=True)
-                for pair in call.parse(reply)]
+        if durable and (isinstance(acked, Exception) or int(acked) < self.durable_replicas):
+            confirmed = 0 if isinstance(acked, Exception) else int(acked)
+            raise NotReplicated(
+                f"{len(stored)} job(s) of queue {queue!r} are stored on the primary, but"
+                f" {confirmed} of {self.durable_replicas} replica(s) confirmed them within"
+                f" {self.durable_timeout} s", [Job._of(self, queue, s) for s, _ in stored],
+                confirmed)
+        return stored
+
+    def _partial(self, queue: str, stored: list[tuple[str, bool]], error: BaseException
+                 ) -> BaseException:
+        """The error to raise when a bulk enqueue failed after ``stored``: the original
+        one when nothing was stored, else :class:`PartialEnqueue` naming what was."""
+        if not stored:
+            return error
+        jobs = [Job._of(self, queue, short) for short, _ in stored]
+        partial = PartialEnqueue(
+            f"{len(jobs)} job(s) of queue {queue!r} were stored before Redis refused the"
+            f" rest ({type(error).__name__}: {error}); .jobs lists the stored ones", jobs)
+        partial.__cause__ = error
+        return partial
 
     def _store_apart(self, queue: str, chunks: list[Any]) -> list[tuple[str, bool]]:
         """:meth:`store` without a pipeline: register the queue once, then one script call
@@ -283,12 +329,21 @@ class Conveyor:
         if queue not in self._registered_queues:
             self.redis.sadd(keyspace.queues_key(self.namespace), queue)
             self._registered_queues.add(queue)
-        return [pair for call in chunks for pair in self.scripts.run(call)]
+        stored: list[tuple[str, bool]] = []
+        for call in chunks:
+            try:
+                stored.extend(self.scripts.run(call))
+            except Exception as exc:
+                raise self._partial(queue, stored, exc) from exc
+        return stored
 
     async def astore(
-        self, queue: str, spec: calls.JobSpec, jobs: Sequence[tuple[str, bytes]]
+        self, queue: str, spec: calls.JobSpec, jobs: Sequence[tuple[str, bytes]],
+        durable: bool = False,
     ) -> list[tuple[str, bool]]:
         """Async twin of :meth:`store`."""
+        if durable:  # the writes and their WAIT share one connection: the sync pipeline's
+            return await asyncio.to_thread(self.store, queue, spec, jobs, True)
         client, runner = self._async_pair()
         chunks = self._chunks(queue, spec, jobs)
         if len(chunks) == 1 and queue in self._registered_queues:
@@ -298,7 +353,10 @@ class Conveyor:
             self._registered_queues.add(queue)
         out: list[tuple[str, bool]] = []
         for call in chunks:
-            out.extend(await runner.run(call))
+            try:
+                out.extend(await runner.run(call))
+            except Exception as exc:
+                raise self._partial(queue, out, exc) from exc
         return out
 
     def known_queues(self) -> list[str]:

@@ -9,17 +9,29 @@ A URL whose scheme ends in ``+cluster`` (``redis+cluster://host:port/0``,
 redis-py's cluster clients, which discover the other nodes and route each command to the
 node owning its key's slot. Every key of a queue carries the queue's hash tag, so each
 script call lands on one node.
+
+A URL whose scheme ends in ``+sentinel`` names Redis Sentinels, a service and a database:
+``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``
+(``rediss+sentinel://`` for TLS to the servers and the sentinels). The clients then ask
+the sentinels for the current primary and follow it across failovers.
+
+Every client notices a dead peer within seconds, not after TCP's minutes: connections
+time out on connect and on reads (a blocking reader passes a longer ``socket_timeout`` of
+its own), use TCP keepalive, and are health-checked with a PING when idle for a while.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.sentinel
 import redis.cluster
+import redis.sentinel
 from redis.asyncio.connection import Connection as AsyncConnection
 from redis.connection import HiredisRespSerializer
 
@@ -37,6 +49,15 @@ class HiredisPackedConnection(AsyncConnection):
 
 
 CLUSTER_SUFFIX = "+cluster"
+SENTINEL_SUFFIX = "+sentinel"
+# A command's reply is due within this (every conveyor script is a millisecond or so even
+# for thousands of jobs); a half-open connection fails here instead of hanging for good.
+SOCKET_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 5.0
+HEALTH_CHECK_SECONDS = 15  # PING a connection idle this long before using it again
+# redis-py's Sentinel classes carry no annotations; typed here once.
+_SyncSentinel: Any = redis.sentinel.Sentinel
+_AsyncSentinel: Any = redis.asyncio.sentinel.Sentinel
 # redis-py's pools raise at 100 connections. A worker's sync tasks may share the app's
 # client from as many threads as its concurrency, so the pools here are larger and, when
 # full, wait for a connection instead of failing the job.
@@ -50,6 +71,78 @@ def is_cluster(url: str) -> bool:
     return urlparse(url).scheme.endswith(CLUSTER_SUFFIX)
 
 
+def is_sentinel(url: str) -> bool:
+    """Whether ``url`` names Redis Sentinels (scheme ``redis+sentinel`` or
+    ``rediss+sentinel``)."""
+    return urlparse(url).scheme.endswith(SENTINEL_SUFFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelTarget:
+    """What a ``redis+sentinel://`` URL names."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int
+    tls: bool
+    username: str | None
+    password: str | None
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """Read a ``redis+sentinel://`` URL.
+
+    :raises ConfigurationError: the URL does not name sentinels, a service and a database
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("redis" + SENTINEL_SUFFIX, "rediss" + SENTINEL_SUFFIX):
+        raise ConfigurationError(f"not a redis+sentinel:// URL: {url!r}")
+    netloc, _, path = rest.partition("/")
+    credentials, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = credentials.partition(":")
+        username, password = (unquote(user) or None), (unquote(secret) if colon else None)
+    sentinels = []
+    for item in hosts.split(","):
+        host, colon, port = item.strip().rpartition(":")
+        if not colon or not host or not port.isdigit():
+            raise ConfigurationError(
+                f"sentinel {item!r} in {url!r} is not host:port (expected"
+                " redis+sentinel://host:port[,host:port...]/service[/db])")
+        sentinels.append((host.strip("[]"), int(port)))
+    parts = [p for p in path.split("/") if p]
+    if not parts or len(parts) > 2:
+        raise ConfigurationError(f"{url!r} must name a service: .../<service>[/<db>]")
+    if len(parts) == 2 and not parts[1].isdigit():
+        raise ConfigurationError(f"database {parts[1]!r} in {url!r} is not a number")
+    return SentinelTarget(tuple(sentinels), unquote(parts[0]),
+                          int(parts[1]) if len(parts) == 2 else 0,
+                          scheme.startswith("rediss"), username, password)
+
+
+def _health(options: dict[str, Any]) -> dict[str, Any]:
+    """Connection defaults that notice a dead peer; the caller's options win."""
+    options.setdefault("socket_timeout", SOCKET_TIMEOUT)
+    options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
+    options.setdefault("socket_keepalive", True)
+    options.setdefault("health_check_interval", HEALTH_CHECK_SECONDS)
+    return options
+
+
+def _sentinel_options(target: SentinelTarget, options: dict[str, Any]) -> dict[str, Any]:
+    sentinel_kwargs = {k: options[k] for k in ("socket_timeout", "socket_connect_timeout")}
+    if target.tls:
+        sentinel_kwargs["ssl"] = True
+        options["ssl"] = True
+    if target.username:
+        options["username"] = target.username
+    if target.password:
+        options["password"] = target.password
+    options["db"] = target.db
+    return sentinel_kwargs
+
+
 def _node_url(url: str) -> str:
     """The startup node's plain URL: the scheme without ``+cluster``, database 0 (the only
     one a cluster has)."""
@@ -61,8 +154,16 @@ def _node_url(url: str) -> str:
 
 def sync_client(url: str, **options: Any) -> Any:
     """A ``redis.Redis`` (or ``redis.cluster.RedisCluster``) for ``url``, replies as bytes."""
+    _health(options)
     if is_cluster(url):
+        options.pop("health_check_interval")  # the cluster client checks its nodes itself
         return redis.cluster.RedisCluster.from_url(_node_url(url), **options)
+    if is_sentinel(url):
+        target = parse_sentinel_url(url)
+        sentinel_kwargs = _sentinel_options(target, options)
+        sentinel = _SyncSentinel(list(target.sentinels),
+                                           sentinel_kwargs=sentinel_kwargs, **options)
+        return sentinel.master_for(target.service, **options)
     options.setdefault("max_connections", POOL_SIZE)
     options.setdefault("timeout", POOL_WAIT)
     return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
@@ -71,9 +172,18 @@ def sync_client(url: str, **options: Any) -> Any:
 def async_client(url: str, **options: Any) -> Any:
     """A ``redis.asyncio.Redis`` for ``url`` (replies as bytes), packing in C on TCP; a
     ``redis.asyncio.cluster.RedisCluster`` for a cluster URL (its nodes make their own
-    connections, with redis-py's packing)."""
+    connections, with redis-py's packing); a client of the current primary for a sentinel
+    URL."""
+    _health(options)
     if is_cluster(url):
+        options.pop("health_check_interval")
         return redis.asyncio.cluster.RedisCluster.from_url(_node_url(url), **options)
+    if is_sentinel(url):
+        target = parse_sentinel_url(url)
+        sentinel_kwargs = _sentinel_options(target, options)
+        sentinel = _AsyncSentinel(list(target.sentinels),
+                                                   sentinel_kwargs=sentinel_kwargs, **options)
+        return sentinel.master_for(target.service, **options)
     if urlparse(url).scheme == "redis":
         options.setdefault("connection_class", HiredisPackedConnection)
     options.setdefault("max_connections", POOL_SIZE)

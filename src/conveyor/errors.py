@@ -7,6 +7,8 @@ Every error a user may want to catch derives from :class:`ConveyorError`::
     ├── EncodingError                        payloads that cannot be stored
     │   ├── SerializationError (TypeError)   an argument of an unsupported type
     │   └── PayloadTooLarge (ValueError)     an encoded payload over the size limit
+    ├── PartialEnqueue                       a bulk enqueue stored some jobs, then failed
+    ├── NotReplicated                        a durable enqueue's jobs are stored, unconfirmed
     ├── JobNotFound (LookupError)            no record for this id (never existed or expired)
     ├── JobFailed                            the job is dead: its attempts are spent
     ├── JobCancelled                         the job was cancelled before it ran
@@ -14,6 +16,8 @@ Every error a user may want to catch derives from :class:`ConveyorError`::
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class ConveyorError(Exception):
@@ -34,6 +38,29 @@ class SerializationError(EncodingError, TypeError):
 
 class PayloadTooLarge(EncodingError, ValueError):
     """An encoded payload is larger than the configured limit."""
+
+
+class PartialEnqueue(ConveyorError):
+    """A bulk enqueue stored some of its jobs and then failed (Redis refused a later chunk:
+    out of memory, say). ``jobs`` are the jobs that were stored — they will run — and
+    ``__cause__`` is the error that stopped the rest. An enqueue that raises anything else
+    stored nothing."""
+
+    def __init__(self, message: str, jobs: list[Any]) -> None:
+        super().__init__(message)
+        self.jobs = jobs
+
+
+class NotReplicated(ConveyorError):
+    """A durable enqueue stored its jobs on the primary, but fewer replicas than asked
+    confirmed them within the timeout (``WAIT``): the jobs exist and will run, but a
+    failover now could lose them. ``jobs`` are the stored jobs, ``replicas`` how many
+    replicas confirmed."""
+
+    def __init__(self, message: str, jobs: list[Any], replicas: int) -> None:
+        super().__init__(message)
+        self.jobs = jobs
+        self.replicas = replicas
 
 
 class JobNotFound(ConveyorError, LookupError):

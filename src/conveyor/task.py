@@ -38,6 +38,8 @@ class JobOptions:
     :param priority: 0-9, larger runs first
     :param tenant: fairness group: tenants take turns within a priority
     :param key: dedupe key: while a job with this key is unfinished, enqueue returns it
+    :param durable: return only once a replica has the job (``WAIT``); see
+        :attr:`Conveyor.durable_replicas` and :class:`~conveyor.errors.NotReplicated`
     """
 
     delay: float | None = None
@@ -45,6 +47,7 @@ class JobOptions:
     priority: int = 5
     tenant: str | None = None
     key: str | None = None
+    durable: bool = False
 
     def __post_init__(self) -> None:
         if self.delay is not None and self.at is not None:
@@ -62,7 +65,7 @@ class JobOptions:
         if unknown:
             raise ConfigurationError(
                 f"unknown job option(s) {', '.join(sorted(unknown))}: expected delay, at,"
-                " priority, tenant or key"
+                " priority, tenant, key or durable"
             )
         values = dict(changes)
         if "delay" in values:
@@ -169,7 +172,8 @@ class Task(Generic[P, R]):
     def options(self, **changes: Any) -> Task[P, R]:
         """A copy of this task whose jobs are enqueued with other options.
 
-        :param changes: any of ``delay``, ``at``, ``priority``, ``tenant``, ``key``
+        :param changes: any of ``delay``, ``at``, ``priority``, ``tenant``, ``key``,
+            ``durable``
         """
         copy = object.__new__(Task)
         copy.__dict__.update(self.__dict__)
@@ -226,22 +230,30 @@ class Task(Generic[P, R]):
         :raises SerializationError: an argument cannot be encoded (nothing is written)
         :raises PayloadTooLarge: the encoded arguments are over the limit
         """
-        stored = self.app.store(self.queue, self._spec(), [self._new_job(args, kwargs)])
+        stored = self.app.store(self.queue, self._spec(), [self._new_job(args, kwargs)],
+                                durable=self.job_options.durable)
         return self._jobs(stored)[0]
 
     def enqueue_many(self, items: Iterable[Any]) -> list[Job]:
         """Store many jobs in one round trip; each item is a tuple of positional arguments,
         a dict of keyword arguments, or a single argument. The options apply to every job."""
         jobs = self._batch(items)
-        return self._jobs(self.app.store(self.queue, self._spec(), jobs)) if jobs else []
+        if not jobs:
+            return []
+        return self._jobs(self.app.store(self.queue, self._spec(), jobs,
+                                         durable=self.job_options.durable))
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Async twin of :meth:`enqueue`."""
         return self._jobs(await self.app.astore(
-            self.queue, self._spec(), [self._new_job(args, kwargs)]))[0]
+            self.queue, self._spec(), [self._new_job(args, kwargs)],
+            durable=self.job_options.durable))[0]
 
     async def aenqueue_many(self, items: Iterable[Any]) -> list[Job]:
         """Async twin of :meth:`enqueue_many`."""
         jobs = self._batch(items)
-        return self._jobs(await self.app.astore(self.queue, self._spec(), jobs)) if jobs else []
+        if not jobs:
+            return []
+        return self._jobs(await self.app.astore(self.queue, self._spec(), jobs,
+                                                durable=self.job_options.durable))
 

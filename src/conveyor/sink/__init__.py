@@ -30,6 +30,7 @@ import redis.exceptions
 import sqlalchemy as sa
 import sqlalchemy.exc
 
+from .. import clients
 from ..app import Conveyor
 from .schema import DEFAULT_TABLE, KEY_COLUMNS, jobs_table, row_from_event
 
@@ -135,6 +136,8 @@ class Sink:
                 entries = self._claim(queue)
             if entries:
                 return self._write(queue, entries)
+        if clients.is_cluster(self.app.url):
+            return self._step_by_queue(queues, block)
         streams = {self.app.keys(q).events: ">" for q in queues}
         if not streams:
             if block:
@@ -150,6 +153,18 @@ class Sink:
         for stream, entries in replies or []:
             name = stream.decode() if isinstance(stream, bytes) else stream
             written += self._write(by_stream[name], entries)
+        return written
+
+    def _step_by_queue(self, queues: list[str], block: bool) -> int:
+        """New events of each queue, one read per queue: on a Cluster the streams of
+        different queues live in different slots, and one read may name one slot only."""
+        written = 0
+        for queue in queues:
+            entries = self._read(queue, ">")
+            if entries:
+                written += self._write(queue, entries)
+        if not written and block:
+            self._stop.wait(self.block)
         return written
 
     def _read(self, queue: str, start: str) -> Entries:

@@ -1,0 +1,77 @@
+"""Connections that misbehave, through a real TCP proxy in front of a real redis-server:
+a half-open connection is noticed within seconds, and a worker comes back after one."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import redis
+
+import conveyor
+from conveyor.clients import SOCKET_TIMEOUT
+from conveyor.faults.proxy import Proxy
+from helpers import RedisServer, running_worker
+
+
+def test_the_proxy_forwards_resets_and_black_holes(redis_server: RedisServer) -> None:
+    with Proxy(("127.0.0.1", redis_server.port)) as proxy:
+        client = redis.Redis(port=proxy.port, socket_timeout=1)
+        assert client.ping()
+        proxy.reset()
+        with pytest.raises(redis.exceptions.ConnectionError):
+            _once(client)
+        proxy.blackhole()
+        fresh = redis.Redis(port=proxy.port, socket_timeout=0.5)
+        with pytest.raises(redis.exceptions.TimeoutError):
+            fresh.ping()
+        proxy.heal()
+        assert redis.Redis(port=proxy.port, socket_timeout=1).ping()
+
+
+def _once(client: redis.Redis) -> object:
+    """One PING with no retry, on the connection the last command used."""
+    connection = client.connection_pool.get_connection()
+    try:
+        connection.send_command("PING")
+        return connection.read_response()
+    finally:
+        client.connection_pool.release(connection)
+
+
+def test_a_half_open_connection_is_noticed_within_seconds(redis_server: RedisServer,
+                                                          namespace: str) -> None:
+    with Proxy(("127.0.0.1", redis_server.port)) as proxy:
+        app = conveyor.Conveyor(proxy.url, namespace=namespace)
+        try:
+            assert app.redis.ping()
+            proxy.blackhole()  # the peer vanished without a word
+            began = time.monotonic()
+            with pytest.raises(redis.exceptions.RedisError):
+                app.redis.ping()
+            assert time.monotonic() - began < SOCKET_TIMEOUT * 3  # not TCP's 15 minutes
+        finally:
+            proxy.heal()
+            app.close()
+
+
+def test_a_worker_comes_back_after_a_black_hole(redis_server: RedisServer) -> None:
+    namespace = f"c{uuid.uuid4().hex[:8]}"
+    direct = conveyor.Conveyor(redis_server.url, namespace=namespace)
+    with Proxy(("127.0.0.1", redis_server.port)) as proxy:
+        through = conveyor.Conveyor(proxy.url, namespace=namespace)
+        for app in (direct, through):
+            app.task(name="double", queue="q")(lambda n: 2 * n)
+        try:
+            with running_worker(through, queues=["q"], concurrency=2):
+                assert direct.job(direct.tasks["double"].enqueue(1).id).result(timeout=10) == 2
+                proxy.blackhole()
+                jobs = [direct.tasks["double"].enqueue(n) for n in range(10)]
+                time.sleep(2)  # the outage
+                proxy.heal()
+                assert [j.result(timeout=SOCKET_TIMEOUT * 4) for j in jobs] == [
+                    2 * n for n in range(10)]
+        finally:
+            through.close()
+            direct.close()
