@@ -1,0 +1,233 @@
+"""Model-based test: hypothesis drives the queue's state changes on a real redis-server and
+compares Redis with a plain Python model after every step.
+
+The steps are the scripts every public call goes through (enqueue with priorities,
+tenants, delays and attempt limits; fetch; heartbeat and finish with current and stale
+tokens; release; cancel; dead-letter requeue and purge) and the passage of time, through
+the scripts' ``now`` override, so that leases expire and delayed jobs come due without
+sleeping. After each step, for every job: its state and attempts; and for the queue: the
+ready count, jobs active per task, the lease, delayed and dead sets.
+
+``CONVEYOR_MODEL_EXAMPLES`` raises the number of examples (default 75, for CI).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import conveyor
+from conveyor.scripts import calls
+from helpers import RedisServer
+
+EXAMPLES = int(os.environ.get("CONVEYOR_MODEL_EXAMPLES", "75"))
+VT = 1000  # lease length (ms)
+TASKS = ("a", "b")
+
+
+@dataclass
+class Model:
+    state: str
+    task: str
+    priority: int
+    max_attempts: int
+    attempts: int = 0
+    due: float = 0.0  # ms, while scheduled or retrying
+    lease: float = 0.0  # ms, while active
+    tokens: list[str] = field(default_factory=list)  # every token handed out, last current
+
+
+SERVER: RedisServer | None = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _server() -> Iterator[None]:
+    global SERVER
+    SERVER = RedisServer().start()
+    yield
+    SERVER.cleanup()
+    SERVER = None
+
+
+class QueueMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        assert SERVER is not None
+        self.app = conveyor.Conveyor(SERVER.url, namespace=f"m{uuid.uuid4().hex[:10]}")
+        self.k = self.app.keys("q")
+        self.limits = calls.Limits()
+        self.now = 1_800_000_000_000.0
+        self.jobs: dict[str, Model] = {}
+        self.serial = 0
+
+    def teardown(self) -> None:
+        self.app.close()
+
+    def run(self, call: calls.ScriptCall[object]) -> object:
+        return self.app.scripts.run(call)
+
+    # -- steps -----------------------------------------------------------------------------
+
+    @initialize()
+    def start(self) -> None:
+        self.app.redis.sadd(f"{self.app.namespace}:queues", "q")
+
+    @rule(task=st.sampled_from(TASKS), priority=st.integers(0, 9),
+          tenant=st.sampled_from(["", "t1", "t2"]), delay=st.sampled_from([0, 0, 500, 3000]),
+          attempts=st.integers(1, 3), n=st.integers(1, 3))
+    def enqueue(self, task: str, priority: int, tenant: str, delay: int, attempts: int,
+                n: int) -> None:
+        spec = calls.JobSpec(task, priority, tenant, float(delay) if delay else None, None,
+                             attempts, "", VT)
+        batch = []
+        for _ in range(n):
+            self.serial += 1
+            batch.append((f"j{self.serial}", b"[[],{}]"))
+        self.run(calls.enqueue(self.k, spec, batch, self.limits, now=self.now))
+        for short_id, _ in batch:
+            self.jobs[short_id] = Model("scheduled" if delay else "ready", task, priority,
+                                        attempts, due=self.now + delay)
+
+    @rule(ms=st.sampled_from([10, 400, 1100, 3500]))
+    def advance_time(self, ms: int) -> None:
+        self.now += ms
+
+    @rule(count=st.integers(1, 4))
+    def fetch(self, count: int) -> None:
+        self._reclaim_and_promote()
+        ready = {i for i, j in self.jobs.items() if j.state == "ready"}
+        fetched = self.run(calls.fetch(self.k, count, self.limits, now=self.now))
+        assert isinstance(fetched, calls.Fetched)
+        leased = [job.short_id for job in fetched.jobs]
+        assert len(leased) == min(count, len(ready)), (leased, ready)
+        assert set(leased) <= ready
+        rest = ready - set(leased)
+        if leased and rest:  # higher priorities first
+            assert min(self.jobs[i].priority for i in leased) >= max(
+                self.jobs[i].priority for i in rest)
+        for job in fetched.jobs:
+            model = self.jobs[job.short_id]
+            assert job.token not in model.tokens, "a fencing token was handed out twice"
+            model.state, model.lease = "active", self.now + VT
+            model.attempts += 1
+            model.tokens.append(job.token)
+            assert job.attempts == model.attempts
+
+    def _reclaim_and_promote(self) -> None:
+        for model in self.jobs.values():
+            if model.state == "active" and model.lease <= self.now:
+                model.state = "dead" if model.attempts >= model.max_attempts else "ready"
+            elif model.state in ("scheduled", "retrying") and model.due <= self.now:
+                model.state = "ready"
+
+    def _active(self) -> list[str]:
+        return sorted(i for i, j in self.jobs.items() if j.state == "active" and j.lease > self.now)
+
+    @precondition(lambda self: self._active())
+    @rule(data=st.data(), outcome=st.sampled_from(["ok", "retry", "dead"]),
+          stale=st.booleans(), retry_ms=st.sampled_from([0, 700]))
+    def finish(self, data: st.DataObject, outcome: str, stale: bool, retry_ms: int) -> None:
+        short_id = data.draw(st.sampled_from(self._active()))
+        model = self.jobs[short_id]
+        token = model.tokens[-1]
+        if stale:
+            token = model.tokens[0] if len(model.tokens) > 1 else token + "x"
+        result = self.run(calls.finish(self.k, [calls.Outcome(
+            short_id, token, outcome, self.now / 1000, b"1", retry_ms)], self.limits,
+            now=self.now))
+        assert isinstance(result, calls.Finished)
+        if token != model.tokens[-1]:
+            assert result.codes == [calls.FINISH_REFUSED]
+            return
+        if outcome == "retry" and model.attempts >= model.max_attempts:
+            outcome = "dead"
+        model.state = {"ok": "succeeded", "retry": "retrying", "dead": "dead"}[outcome]
+        model.due = self.now + retry_ms
+        expected = {"succeeded": calls.FINISH_SUCCEEDED, "retrying": calls.FINISH_RETRYING,
+                    "dead": calls.FINISH_DEAD}[model.state]
+        assert result.codes == [expected]
+
+    @precondition(lambda self: self._active())
+    @rule(data=st.data(), stale=st.booleans())
+    def heartbeat(self, data: st.DataObject, stale: bool) -> None:
+        short_id = data.draw(st.sampled_from(self._active()))
+        model = self.jobs[short_id]
+        token = model.tokens[-1] + ("x" if stale else "")
+        codes = self.run(calls.heartbeat(self.k, [(short_id, token, VT)], now=self.now))
+        assert codes == [0 if stale else 1]
+        if not stale:
+            model.lease = self.now + VT
+
+    @precondition(lambda self: self._active())
+    @rule(data=st.data(), interrupted=st.booleans())
+    def release(self, data: st.DataObject, interrupted: bool) -> None:
+        short_id = data.draw(st.sampled_from(self._active()))
+        model = self.jobs[short_id]
+        job = (short_id, model.tokens[-1], "interrupted: test" if interrupted else "")
+        assert self.run(calls.release(self.k, [job])) == 1
+        model.state, model.attempts = "ready", model.attempts - 1
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        short_id = data.draw(st.sampled_from(sorted(self.jobs)))
+        model = self.jobs[short_id]
+        before = self.run(calls.cancel(self.k, short_id, self.limits, now=self.now))
+        assert before == model.state
+        if model.state in ("scheduled", "retrying", "ready"):
+            model.state = "cancelled"
+
+    @rule()
+    def requeue_dead(self) -> None:
+        dead = [i for i, j in self.jobs.items() if j.state == "dead"]
+        assert self.run(calls.requeue_dead(self.k, [])) == len(dead)
+        for short_id in dead:
+            self.jobs[short_id].state, self.jobs[short_id].attempts = "ready", 0
+
+    @rule()
+    def purge_dead(self) -> None:
+        dead = [i for i, j in self.jobs.items() if j.state == "dead"]
+        assert self.run(calls.purge_dead(self.k)) == len(dead)
+        for short_id in dead:
+            del self.jobs[short_id]
+
+    # -- comparison ------------------------------------------------------------------------
+
+    @invariant()
+    def redis_matches_the_model(self) -> None:
+        redis = self.app.redis
+        with redis.pipeline(transaction=False) as pipe:
+            for short_id in self.jobs:
+                pipe.hmget(self.k.job(short_id), "state", "attempts")
+            records = pipe.execute()
+        for (short_id, model), (state, attempts) in zip(self.jobs.items(), records, strict=True):
+            assert (state or b"").decode() == model.state, (short_id, model)
+            assert int(attempts or 0) == model.attempts, (short_id, model)
+        by_state: dict[str, set[str]] = {}
+        for short_id, model in self.jobs.items():
+            by_state.setdefault(model.state, set()).add(short_id)
+        members = {name: {m.decode() for m in redis.zrange(key, 0, -1)} for name, key in
+                   (("leases", self.k.leases), ("delayed", self.k.delayed),
+                    ("dead", self.k.dead))}
+        assert members["leases"] == by_state.get("active", set())
+        assert members["delayed"] == by_state.get("scheduled", set()) | by_state.get(
+            "retrying", set())
+        assert members["dead"] == by_state.get("dead", set())
+        assert int(redis.hget(self.k.counts, "ready") or 0) == len(by_state.get("ready", ()))
+        active = {k.decode(): int(v) for k, v in redis.hgetall(self.k.active).items()}
+        for task in TASKS:
+            running = sum(1 for j in self.jobs.values() if j.state == "active" and j.task == task)
+            assert active.get(task, 0) == running, (task, active)
+
+
+QueueMachine.TestCase.settings = settings(
+    max_examples=EXAMPLES, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+test_queue_matches_its_model = QueueMachine.TestCase
