@@ -5,7 +5,8 @@ Each command group lives in its own module and registers itself on :data:`main` 
 
 from __future__ import annotations
 
-from . import dashboard as _dashboard  # noqa: F401  (registers commands)
+from . import chaos as _chaos  # noqa: F401  (registers commands)
+from . import dashboard as _dashboard  # noqa: F401
 from . import demo as _demo  # noqa: F401
 from . import inspect as _inspect  # noqa: F401
 from . import observe as _observe  # noqa: F401

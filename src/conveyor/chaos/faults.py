@@ -1,0 +1,205 @@
+"""The faults a chaos run injects, one episode at a time, chosen by a seeded random
+generator so that a run can be repeated with ``--seed``.
+
+Each episode returns a :class:`Fault`: what was done, when, and its *reach*: how many
+leases it can cost at most (the jobs the processes it hit can hold at once). The sum of
+the reaches bounds the re-executions a correct queue may show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from .fleet import Fleet
+from .servers import CLIENT_NAME, RedisProcess
+from .tasks import POISON_RETRIES, WORK_VT
+
+__all__ = ["FAULT_KINDS", "Fault", "Injector", "PoisonHook"]
+
+# kind -> what it does (the report's wording)
+FAULT_KINDS = {
+    "worker-kill": "SIGKILL of a worker process",
+    "worker-pause": "SIGSTOP of a worker process past its leases, then SIGCONT",
+    "redis-kill": "SIGKILL of Redis, restart on the same port and folder (AOF)",
+    "client-kill": "CLIENT KILL of every worker connection",
+    "oom": "maxmemory just above used memory for a few seconds (OOM replies)",
+    "proxy-blackhole": "proxy between a worker and Redis swallows traffic for a while",
+    "proxy-reset": "proxy between a worker and Redis resets its connections",
+    "poison-raise": "a job whose task raises on every attempt",
+    "poison-kill": "a job whose task SIGKILLs its worker process",
+    "poison-exit": "a job whose task leaves its process with os._exit",
+    "poison-hang": "a job whose sync task sleeps far past its timeout",
+    "cancel": "cancel of a delayed job before it is due",
+}
+MIN_VICTIM_AGE = 1.5  # seconds: a worker still importing is not worth killing
+
+PoisonHook = Callable[[str], str | None]  # kind -> label of the job enqueued, or None
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One injected fault.
+
+    :param kind: a key of :data:`FAULT_KINDS`
+    :param at: seconds since the run began
+    :param detail: what exactly was hit, for the fault log
+    :param reach: most leases it can cost
+    """
+
+    kind: str
+    at: float
+    detail: str
+    reach: int
+
+
+class Injector:
+    """Runs fault episodes against the run's servers and worker processes.
+
+    :param server: the jobs' Redis
+    :param fleet: the worker processes
+    :param rng: the run's seeded generator
+    :param poison: enqueues a poison job of a kind (``"raise"``, ...); returns its label
+    :param cancel: cancels one delayed job; returns its label, or None if none was found
+    :param stop: set when the run is aborted (episodes end early)
+    :param proxy: the proxy between one slot and Redis, when the run has one
+    """
+
+    def __init__(self, server: RedisProcess, fleet: Fleet, rng: random.Random,
+                 poison: PoisonHook, cancel: Callable[[], str | None], stop: threading.Event,
+                 proxy: Any = None) -> None:
+        self.server = server
+        self.fleet = fleet
+        self.rng = rng
+        self.poison_hook = poison
+        self.cancel_hook = cancel
+        self.stop = stop
+        self.proxy = proxy
+        self.began = time.monotonic()
+        self.redis_lock = threading.Lock()  # held while Redis is down (the run waits on it)
+
+    def available(self, kinds: dict[str, float]) -> dict[str, float]:
+        """The kinds that can be injected in this run (proxy faults need a proxy)."""
+        return {k: w for k, w in kinds.items()
+                if w > 0 and (self.proxy is not None or not k.startswith("proxy-"))}
+
+    def inject(self, kind: str) -> Fault | None:
+        """Run one episode of ``kind``; None when there was nothing to hit."""
+        at = time.monotonic() - self.began
+        method = getattr(self, "_" + kind.replace("-", "_"))
+        result: tuple[str, int] | None = method()
+        return None if result is None else Fault(kind, round(at, 2), *result)
+
+    def _pick_worker(self) -> int | None:
+        victims = self.fleet.victims(MIN_VICTIM_AGE)
+        return self.rng.choice(sorted(victims)) if victims else None
+
+    def _hold(self, low: float, high: float) -> float:
+        seconds = round(self.rng.uniform(low, high), 2)
+        self.stop.wait(seconds)  # the length of the fault itself, not a wait for a condition
+        return seconds
+
+    def _worker_kill(self) -> tuple[str, int] | None:
+        pid = self._pick_worker()
+        if pid is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        return f"pid {pid}", self.fleet.largest
+
+    def _worker_pause(self) -> tuple[str, int] | None:
+        pid = self._pick_worker()
+        if pid is None:
+            return None
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return None
+        try:
+            seconds = self._hold(WORK_VT + 0.5, WORK_VT + 2.5)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        return f"pid {pid} paused {seconds:g} s", self.fleet.largest
+
+    def _redis_kill(self) -> tuple[str, int] | None:
+        with self.redis_lock:
+            self.server.kill()
+            try:
+                seconds = self._hold(0.2, WORK_VT + 1.5)  # past the leases, at times
+            finally:
+                self.server.start()
+        return f"down {seconds:g} s", self.fleet.capacity
+
+    def _admin(self) -> redis.Redis:
+        return self.server.client()
+
+    def _client_kill(self) -> tuple[str, int] | None:
+        client = self._admin()
+        try:
+            me = client.client_id()
+            ids = [c["id"] for c in client.client_list(_type="normal")
+                   if c.get("name") != CLIENT_NAME and int(c["id"]) != me]
+            killed = 0
+            for i in ids:
+                with contextlib.suppress(redis.exceptions.ResponseError):  # already gone
+                    killed += int(client.client_kill_filter(_id=i))
+        finally:
+            client.close()
+        return f"{killed} connections", self.fleet.capacity
+
+    def _oom(self) -> tuple[str, int] | None:
+        client = self._admin()
+        try:
+            used = int(client.info("memory")["used_memory"])
+            client.config_set("maxmemory", used + 64 * 1024)
+            try:
+                seconds = self._hold(1.0, 4.0)
+            finally:
+                client.config_set("maxmemory", 0)
+        finally:
+            client.close()
+        return f"maxmemory {used // 1024 + 64} KiB for {seconds:g} s", self.fleet.capacity
+
+    def _proxy_blackhole(self) -> tuple[str, int] | None:
+        proxy = self.proxy
+        proxy.blackhole()
+        try:
+            seconds = self._hold(WORK_VT, WORK_VT + 3.0)
+        finally:
+            proxy.heal()
+        return f"black hole for {seconds:g} s", proxy.reach
+
+    def _proxy_reset(self) -> tuple[str, int] | None:
+        self.proxy.reset()
+        return "connections reset", self.proxy.reach
+
+    def _poison(self, kind: str, reach: int) -> tuple[str, int] | None:
+        label = self.poison_hook(kind)
+        return None if label is None else (label, reach)
+
+    def _poison_raise(self) -> tuple[str, int] | None:
+        return self._poison("raise", 0)
+
+    def _poison_kill(self) -> tuple[str, int] | None:
+        # Each attempt kills the worker process running it, with every job it holds.
+        return self._poison("kill", self.fleet.largest * (POISON_RETRIES + 1))
+
+    def _poison_exit(self) -> tuple[str, int] | None:
+        return self._poison("exit", self.fleet.largest * (POISON_RETRIES + 1))
+
+    def _poison_hang(self) -> tuple[str, int] | None:
+        return self._poison("hang", 0)
+
+    def _cancel(self) -> tuple[str, int] | None:
+        label = self.cancel_hook()
+        return None if label is None else (label, 0)

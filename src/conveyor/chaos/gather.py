@@ -1,0 +1,110 @@
+"""Reading, once the run has settled, what conveyor recorded and what the tasks wrote."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+
+from ..job import Job
+from ..keys import QueueKeys
+from .invariants import FINAL, Counters, JobRecord
+from .tasks import LEDGER_KEY, LedgerEntry, parse_entry
+
+__all__ = ["counters", "job_records", "ledger_entries", "states", "stray_records",
+           "successes"]
+
+CHUNK = 2000
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _chunks(items: list[Any]) -> Iterator[list[Any]]:
+    for i in range(0, len(items), CHUNK):
+        yield items[i:i + CHUNK]
+
+
+def states(client: Any, keys: QueueKeys, jobs: list[Job]) -> list[str | None]:
+    """The state of each job's record, pipelined."""
+    out: list[str | None] = []
+    for part in _chunks(jobs):
+        with client.pipeline(transaction=False) as pipe:
+            for job in part:
+                pipe.hget(keys.job(job.short_id), "state")
+            out += [_text(s) for s in pipe.execute()]
+    return out
+
+
+def successes(client: Any, keys: QueueKeys) -> Counter[str]:
+    """``succeeded`` events per short id in the queue's stream."""
+    seen: Counter[str] = Counter()
+    start = "-"
+    while True:
+        batch = client.xrange(keys.events, min=start, count=CHUNK)
+        for _, fields in batch:
+            if fields.get(b"state") == b"succeeded":
+                seen[_text(fields.get(b"id")) or ""] += 1
+        if len(batch) < CHUNK:
+            return seen
+        start = "(" + _text(batch[-1][0])  # type: ignore[operator]
+
+
+def job_records(client: Any, keys: QueueKeys, jobs: dict[str, tuple[str, Job]]
+                ) -> list[JobRecord]:
+    """:param jobs: label -> (kind, job) of every job whose enqueue returned"""
+    wins = successes(client, keys)
+    items = list(jobs.items())
+    out = []
+    for part in _chunks(items):
+        with client.pipeline(transaction=False) as pipe:
+            for _, (_, job) in part:
+                pipe.hmget(keys.job(job.short_id), "state", "attempts", "error")
+            replies = pipe.execute()
+        for (label, (kind, job)), (state, attempts, error) in zip(part, replies, strict=True):
+            out.append(JobRecord(label, kind, job.id, _text(state), int(attempts or 0),
+                                 _text(error), wins[job.short_id]))
+    return out
+
+
+def _scan(client: Any, pattern: str) -> list[str]:
+    return [_text(k) or "" for k in client.scan_iter(match=pattern, count=1000)]
+
+
+def stray_records(client: Any, keys: QueueKeys, known: set[str]) -> tuple[list[str], int]:
+    """Unfinished records of jobs the run does not know (an enqueue that raised may still
+    have stored its jobs), and how many records of any job are dead."""
+    names = _scan(client, keys.job_prefix + "*")
+    stray, dead = [], 0
+    for part in _chunks(names):
+        with client.pipeline(transaction=False) as pipe:
+            for name in part:
+                pipe.hget(name, "state")
+            found = [_text(s) for s in pipe.execute()]
+        for name, state in zip(part, found, strict=True):
+            dead += state == "dead"
+            short = name[len(keys.job_prefix):]
+            if short not in known and state not in FINAL:
+                stray.append(f"{short} {state}")
+    return stray, dead
+
+
+def counters(client: Any, keys: QueueKeys, dead_records: int) -> Counters:
+    ready_lists = _scan(client, keys.ready_prefix + "*")
+    listed = sum(int(client.llen(name)) for name in ready_lists)
+    active = {(_text(k) or ""): int(v) for k, v in client.hgetall(keys.active).items()}
+    leased: Counter[str] = Counter()
+    for short in client.zrange(keys.leases, 0, -1):
+        leased[_text(client.hget(keys.job(_text(short) or ""), "task")) or "?"] += 1
+    return Counters(ready_counter=int(client.hget(keys.counts, "ready") or 0),
+                    ready_listed=listed, active=active, leased=dict(leased),
+                    dead_letters=int(client.zcard(keys.dead)), dead_records=dead_records)
+
+
+def ledger_entries(ledger: redis.Redis) -> list[LedgerEntry]:
+    return [parse_entry(raw) for raw in ledger.lrange(LEDGER_KEY, 0, -1)]

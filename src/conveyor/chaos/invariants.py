@@ -1,0 +1,212 @@
+"""The promises of a chaos run, checked against what the tasks wrote in their ledger and
+what conveyor recorded. Pure functions over plain data, so a test can hand them a ledger
+with a lost job or a double success and see them fail.
+
+The promises (DESIGN §5):
+
+* every job whose enqueue returned ends ``succeeded``, ``dead`` (with a reason) or
+  ``cancelled``, and no job record is left unfinished;
+* only poison jobs end dead, and every poison job does;
+* at most one success is recorded per job, and each success had a run that completed;
+* every run had a lease of its own (runs <= attempts), no job ran twice at once in one
+  process, and the leases lost stay within what the faults could cost;
+* the counters (ready, active per task, dead letters) equal what the records say.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .faults import Fault
+from .tasks import LedgerEntry
+
+__all__ = ["Check", "Counters", "Evidence", "JobRecord", "Summary", "check"]
+
+FINAL = ("succeeded", "dead", "cancelled")
+SHOWN = 8  # offending jobs named in a failed check's detail
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What conveyor recorded for one job the run enqueued.
+
+    :param label: the run's name for the job (its task argument, also in the ledger)
+    :param kind: ``work`` or a poison kind
+    :param id: conveyor's job id
+    :param state: the record's state (None: the record is missing)
+    :param attempts: runs leased, as the record counts them
+    :param error: the record's last error
+    :param successes: ``succeeded`` events the queue's stream holds for the job
+    """
+
+    label: str
+    kind: str
+    id: str
+    state: str | None
+    attempts: int
+    error: str | None
+    successes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """The queue's counters beside what its records and lists say."""
+
+    ready_counter: int  # counts.ready
+    ready_listed: int  # ids in the ready lists
+    active: dict[str, int]  # active hash: task -> jobs leased
+    leased: dict[str, int]  # leases whose record names the task, per task
+    dead_letters: int  # members of the dead-letter set
+    dead_records: int  # records in state dead
+
+
+@dataclass(slots=True)
+class Evidence:
+    """Everything the checks look at, gathered once the run has settled."""
+
+    jobs: list[JobRecord]
+    ledger: list[LedgerEntry]
+    counters: Counters
+    faults: list[Fault]
+    cancelled: set[str] = field(default_factory=set)  # labels whose cancel() returned True
+    cancel_unknown: set[str] = field(default_factory=set)  # labels whose cancel() raised
+    stray: list[str] = field(default_factory=list)  # other unfinished records: "id state"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    held: bool
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    jobs: int
+    poison: int
+    runs: int
+    reexecutions: int  # runs of work jobs beyond one each
+    lost_leases: int  # attempts of work jobs beyond one each (every one a lost lease)
+    bound: int  # leases the faults could cost: the sum of their reaches
+    lost_jobs: int  # jobs not in a final state
+    states: dict[str, int]
+
+
+def _names(items: Iterable[str]) -> str:
+    items = list(items)
+    more = f" (+{len(items) - SHOWN} more)" if len(items) > SHOWN else ""
+    return ", ".join(items[:SHOWN]) + more
+
+
+def _verdict(name: str, bad: list[str], ok: str) -> Check:
+    return Check(name, not bad, ok if not bad else f"{len(bad)}: {_names(bad)}")
+
+
+def _runs(ledger: list[LedgerEntry]) -> Counter[str]:
+    return Counter(e.label for e in ledger if e.phase == "start")
+
+
+def _overlaps(ledger: list[LedgerEntry]) -> list[str]:
+    """Work jobs whose second run began in a process still running the first."""
+    open_runs: Counter[tuple[str, int]] = Counter()
+    bad = []
+    for e in ledger:
+        if e.kind != "work":
+            continue  # a hung poison run's thread outlives its attempt by design
+        key = (e.label, e.pid)
+        if e.phase == "start":
+            if open_runs[key]:
+                bad.append(f"{e.label} in pid {e.pid}")
+            open_runs[key] += 1
+        elif open_runs[key]:
+            open_runs[key] -= 1
+    return bad
+
+
+def _describe(j: JobRecord) -> str:
+    return f"{j.label} ({j.id}) {j.state or 'missing'} after {j.attempts} attempt(s)"
+
+
+def _outcomes(ev: Evidence) -> list[Check]:
+    unfinished = [_describe(j) for j in ev.jobs if j.state not in FINAL]
+    dead_work = [f"{_describe(j)}: {j.error}" for j in ev.jobs
+                 if j.state == "dead" and j.kind == "work"]
+    no_reason = [_describe(j) for j in ev.jobs if j.state == "dead" and not j.error]
+    alive_poison = [_describe(j) for j in ev.jobs
+                    if j.kind != "work" and j.state in FINAL and j.state != "dead"]
+    wrong_cancel = [_describe(j) for j in ev.jobs
+                    if j.label not in ev.cancel_unknown
+                    and (j.label in ev.cancelled) != (j.state == "cancelled")]
+    return [
+        _verdict("every job ends succeeded, dead or cancelled", unfinished,
+                 f"all {len(ev.jobs)} jobs final"),
+        _verdict("no job record left unfinished", list(ev.stray), "none"),
+        _verdict("only poison jobs end dead", dead_work, "none of the work jobs died"),
+        _verdict("every dead job has a reason", no_reason, "all have one"),
+        _verdict("every poison job ends dead", alive_poison,
+                 f"{sum(j.kind != 'work' for j in ev.jobs)} poison jobs dead"),
+        _verdict("cancelled exactly the jobs whose cancel returned True", wrong_cancel,
+                 f"{len(ev.cancelled)} cancelled"),
+    ]
+
+
+def _successes(ev: Evidence, runs: Counter[str]) -> list[Check]:
+    completed = {e.label for e in ev.ledger if e.phase == "ok"}
+    doubles = [f"{_describe(j)}: {j.successes} successes" for j in ev.jobs if j.successes > 1]
+    unfounded = [_describe(j) for j in ev.jobs
+                 if j.state == "succeeded" and j.label not in completed]
+    extra_runs = [f"{_describe(j)}: {runs[j.label]} runs" for j in ev.jobs
+                  if runs[j.label] > j.attempts]
+    return [
+        _verdict("at most one success recorded per job", doubles, "none twice"),
+        _verdict("every success had a run that completed", unfounded, "all did"),
+        _verdict("every run had a lease of its own (runs <= attempts)", extra_runs, "all did"),
+        _verdict("no job ran twice at once in one process", _overlaps(ev.ledger), "none"),
+    ]
+
+
+def _bound(summary: Summary) -> Check:
+    held = summary.reexecutions <= summary.lost_leases <= summary.bound
+    return Check("re-executions <= lost leases <= faults' reach", held,
+                 f"{summary.reexecutions} <= {summary.lost_leases} <= {summary.bound}")
+
+
+def _counters(c: Counters) -> list[Check]:
+    tasks = sorted(set(c.active) | set(c.leased))
+    active = [f"{t}: active {c.active.get(t, 0)}, leases {c.leased.get(t, 0)}" for t in tasks
+              if c.active.get(t, 0) != c.leased.get(t, 0) or c.active.get(t, 0) < 0]
+    ready = [] if c.ready_counter == c.ready_listed else [
+        f"counts.ready {c.ready_counter}, listed {c.ready_listed}"]
+    dead = [] if c.dead_letters == c.dead_records else [
+        f"dead letters {c.dead_letters}, dead records {c.dead_records}"]
+    return [
+        _verdict("ready counter equals the ready lists", ready, f"{c.ready_counter}"),
+        _verdict("active counters equal the leases, per task", active,
+                 f"{sum(c.active.values())} active"),
+        _verdict("dead-letter set equals the dead records", dead, f"{c.dead_letters}"),
+    ]
+
+
+def summarize(ev: Evidence) -> Summary:
+    runs = _runs(ev.ledger)
+    work = [j for j in ev.jobs if j.kind == "work"]
+    return Summary(
+        jobs=len(ev.jobs),
+        poison=len(ev.jobs) - len(work),
+        runs=sum(runs.values()),
+        reexecutions=sum(max(0, runs[j.label] - 1) for j in work),
+        lost_leases=sum(max(0, j.attempts - 1) for j in work),
+        bound=sum(f.reach for f in ev.faults),
+        lost_jobs=sum(j.state not in FINAL for j in ev.jobs),
+        states=dict(Counter(j.state or "missing" for j in ev.jobs)),
+    )
+
+
+def check(ev: Evidence) -> tuple[list[Check], Summary]:
+    """Every promise, held or not, and the figures of the run."""
+    summary = summarize(ev)
+    runs = _runs(ev.ledger)
+    checks = [*_outcomes(ev), *_successes(ev, runs), _bound(summary), *_counters(ev.counters)]
+    return checks, summary

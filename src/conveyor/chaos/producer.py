@@ -1,0 +1,124 @@
+"""The run's producer: enqueues the work jobs over time (some delayed) while faults
+happen, and the poison jobs and cancels the fault schedule asks for. It keeps every job
+whose enqueue returned: those are the jobs conveyor promises never to lose."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+
+import redis
+
+from ..job import Job
+from .profiles import Profile
+from .tasks import ChaosTasks
+
+__all__ = ["Producer"]
+
+TICK = 0.25  # seconds between two batches
+ERRORS = (redis.exceptions.RedisError, OSError)
+
+
+class Producer:
+    """:param tasks: the run's application
+    :param profile: how many jobs, over how long
+    :param rng: the producer's own seeded generator
+    :param stop: set when the run is aborted
+    """
+
+    def __init__(self, tasks: ChaosTasks, profile: Profile, rng: random.Random,
+                 stop: threading.Event) -> None:
+        self.tasks = tasks
+        self.profile = profile
+        self.rng = rng
+        self.stop = stop
+        self.lock = threading.Lock()
+        self.jobs: dict[str, tuple[str, Job]] = {}  # label -> (kind, job)
+        self.delayed: list[tuple[float, str, Job]] = []  # (due, monotonic; label; job)
+        self.cancelled: set[str] = set()
+        self.cancel_unknown: set[str] = set()  # cancel() raised: it may or may not have
+        self.enqueued = 0  # work jobs whose enqueue returned
+        self.failed_calls = 0  # enqueue calls that raised (their jobs are not counted)
+        self._labels = 0
+        self._poison = 0
+
+    def _label(self) -> str:
+        self._labels += 1
+        return f"work:{self._labels}"
+
+    def _keep(self, kind: str, label: str, job: Job) -> None:
+        with self.lock:
+            self.jobs[label] = (kind, job)
+
+    def run(self) -> None:
+        p = self.profile
+        per = max(1, math.ceil(p.jobs / max(1.0, p.enqueue_seconds / TICK)))
+        began, tick = time.monotonic(), 0
+        while self.enqueued < p.jobs and not self.stop.is_set():
+            self._batch(min(per, p.jobs - self.enqueued))
+            tick += 1
+            self.stop.wait(max(0.0, began + tick * TICK - time.monotonic()))
+
+    def _batch(self, n: int) -> None:
+        p, rng = self.profile, self.rng
+        now: list[tuple[str, float]] = []
+        later: list[tuple[str, float, float]] = []
+        for _ in range(n):
+            item = (self._label(), round(rng.uniform(0.0, p.task_seconds), 3))
+            if rng.random() < p.delayed_share:
+                later.append((*item, round(rng.uniform(0.5, p.max_delay), 1)))
+            else:
+                now.append(item)
+        try:
+            if now:
+                jobs = self.tasks.work.enqueue_many(now)
+                for (label, _), job in zip(now, jobs, strict=True):
+                    self._keep("work", label, job)
+                self.enqueued += len(now)
+            for label, seconds, delay in later:
+                job = self.tasks.work.options(delay=delay).enqueue(label, seconds)
+                self._keep("work", label, job)
+                with self.lock:
+                    self.delayed.append((time.monotonic() + delay, label, job))
+                self.enqueued += 1
+        except ERRORS:
+            self.failed_calls += 1  # the faults at work: the next tick tries new jobs
+
+    def poison(self, kind: str) -> str | None:
+        """Enqueue one poison job of ``kind``; its label, or None if the enqueue raised."""
+        self._poison += 1
+        label = f"{kind}:{self._poison}"
+        try:
+            job = self.tasks.by_kind(kind).enqueue(label)
+        except ERRORS:
+            self.failed_calls += 1
+            return None
+        self._keep(kind, label, job)
+        return label
+
+    def cancel(self) -> str | None:
+        """Cancel a delayed job due in more than a second; its label, or None."""
+        soon = time.monotonic() + 1.0
+        with self.lock:
+            candidates = [(label, job) for due, label, job in self.delayed
+                          if due > soon and label not in self.cancelled]
+        if not candidates:
+            return None
+        label, job = self.rng.choice(candidates)
+        try:
+            done = job.cancel()
+        except ERRORS:
+            with self.lock:
+                self.cancel_unknown.add(label)
+            return None
+        if not done:
+            return None
+        with self.lock:
+            self.cancelled.add(label)
+        return label
+
+    def snapshot(self) -> dict[str, tuple[str, Job]]:
+        with self.lock:
+            return dict(self.jobs)

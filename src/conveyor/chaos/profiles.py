@@ -1,0 +1,63 @@
+"""How long and how hard a chaos run is: the ``ci`` profile fits in a CI job (under three
+minutes on two cores), the ``long`` profile runs for more than ten minutes."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["PROFILES", "Profile"]
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """The shape of a run.
+
+    :param jobs: work jobs to enqueue (poison jobs come on top, as faults)
+    :param plain_workers: ``conveyor worker`` processes, restarted by the run when they die
+    :param supervised: children of one ``conveyor worker -p N`` supervisor (0: none)
+    :param concurrency: ``-c`` of every worker process
+    :param fault_seconds: how long faults are injected
+    :param enqueue_seconds: over how long the jobs are enqueued (while faults happen)
+    :param settle_seconds: longest wait, after the faults, for every job to finish
+    :param gap: seconds between two fault episodes (uniform between the two)
+    :param task_seconds: longest a work job works (uniform from 0)
+    :param delayed_share: share of work jobs enqueued with a delay
+    :param max_delay: longest delay (s)
+    :param weights: fault kind -> relative frequency (each kind also comes once early)
+    """
+
+    name: str
+    jobs: int
+    plain_workers: int
+    supervised: int
+    concurrency: int
+    fault_seconds: float
+    enqueue_seconds: float
+    settle_seconds: float
+    gap: tuple[float, float]
+    task_seconds: float
+    delayed_share: float
+    max_delay: float
+    weights: dict[str, float]
+
+    def replace(self, **changes: object) -> Profile:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+WEIGHTS = {
+    "worker-kill": 3.0, "worker-pause": 2.0, "redis-kill": 2.0, "client-kill": 2.0,
+    "oom": 2.0, "proxy-blackhole": 1.5, "proxy-reset": 1.5, "poison-raise": 0.7,
+    "poison-kill": 0.5, "poison-exit": 0.5, "poison-hang": 0.5, "cancel": 1.0,
+}
+
+PROFILES = {
+    "ci": Profile(name="ci", jobs=1500, plain_workers=2, supervised=1, concurrency=4,
+                  fault_seconds=60.0, enqueue_seconds=50.0, settle_seconds=70.0,
+                  gap=(0.3, 1.5), task_seconds=0.4, delayed_share=0.1, max_delay=5.0,
+                  weights=WEIGHTS),
+    "long": Profile(name="long", jobs=12000, plain_workers=2, supervised=2, concurrency=4,
+                    fault_seconds=600.0, enqueue_seconds=560.0, settle_seconds=180.0,
+                    gap=(0.5, 2.5), task_seconds=0.4, delayed_share=0.1, max_delay=20.0,
+                    weights=WEIGHTS),
+}

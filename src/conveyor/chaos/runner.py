@@ -1,0 +1,240 @@
+"""A chaos run from start to end: private servers, worker processes, the producer and
+the fault schedule in their threads, a progress display, then the settle, the checks and
+the report."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import gather
+from .faults import Fault, Injector
+from .fleet import Fleet, Slot
+from .invariants import FINAL, Check, Evidence, check
+from .producer import Producer
+from .profiles import Profile
+from .proxy import ProxyLink, open_proxy
+from .report import print_report, write_fault_log
+from .servers import CLIENT_NAME, RedisProcess, redis_server_binary
+from .tasks import QUEUE, ChaosTasks
+
+__all__ = ["ChaosRun"]
+
+POLL = 0.5  # seconds between two looks at the jobs' states (progress, settle)
+ERRORS = (redis.exceptions.RedisError, OSError)
+
+
+class ChaosRun:
+    """One run.
+
+    :param profile: its shape
+    :param seed: seeds the fault schedule and the jobs
+    :param console: where the progress and the report go
+    :param keep: keep the folder of logs even when every invariant held
+    """
+
+    def __init__(self, profile: Profile, seed: int, console: Console, keep: bool = False
+                 ) -> None:
+        self.profile = profile
+        self.seed = seed
+        self.console = console
+        self.keep = keep
+        self.stop = threading.Event()
+        self.faults: list[Fault] = []
+        self.errors: list[str] = []  # the run's own failures (a server that did not restart)
+        self.skipped: dict[str, str] = {}
+        self.folder = Path(tempfile.mkdtemp(prefix=f"conveyor-chaos-{seed}-"))
+        self._finished = 0
+        self.restarts = 0
+        self._state_counts: dict[str, int] = {}
+
+    def run(self) -> int:
+        """Run, check and report; 0 when every invariant held, 1 otherwise."""
+        binary = redis_server_binary()
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (Debian/Ubuntu: apt-get install"
+                               " redis-server; macOS: brew install redis)")
+        self.console.print(f"conveyor chaos: profile [bold]{self.profile.name}[/bold],"
+                           f" seed [bold]{self.seed}[/bold] (logs in {self.folder})")
+        servers: list[RedisProcess] = []
+        proxy: ProxyLink | None = None
+        fleet: Fleet | None = None
+        tasks: ChaosTasks | None = None
+        try:
+            server = RedisProcess(binary, self.folder / "redis", durable=True).start()
+            servers.append(server)
+            ledger = RedisProcess(binary, self.folder / "ledger", durable=False).start()
+            servers.append(ledger)
+            proxy, reason = open_proxy(server.port)
+            if proxy is None:
+                self.skipped.update({"proxy-blackhole": reason, "proxy-reset": reason})
+            tasks = ChaosTasks(f"{server.url}?client_name={CLIENT_NAME}",
+                               f"chaos-{self.seed}", ledger.url)
+            fleet = self._fleet(server, ledger, proxy)
+            began = time.monotonic()
+            producer = self._drive(server, fleet, tasks, proxy)
+            fleet.stop()
+            self.restarts = fleet.restarts
+            return self._verdict(tasks, producer, time.monotonic() - began)
+        finally:
+            self.stop.set()
+            if fleet is not None:
+                fleet.kill()
+            if tasks is not None:
+                tasks.close()
+            if proxy is not None:
+                proxy.close()
+            for s in servers:
+                s.stop()
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def _env(self, url: str, ledger: RedisProcess) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(CONVEYOR_REDIS_URL=url, CONVEYOR_CHAOS_LEDGER=ledger.url,
+                   CONVEYOR_CHAOS_NAMESPACE=f"chaos-{self.seed}", PYTHONUNBUFFERED="1")
+        return env
+
+    def _fleet(self, server: RedisProcess, ledger: RedisProcess, proxy: ProxyLink | None
+               ) -> Fleet:
+        p = self.profile
+        slots = []
+        for i in range(p.plain_workers):
+            # The first worker reaches Redis through the proxy, when there is one.
+            url = proxy.url if proxy is not None and i == 0 else server.url
+            slots.append(Slot(f"worker{i}", self.folder, self._env(url, ledger),
+                              p.concurrency, None))
+        if p.supervised:
+            slots.append(Slot("supervisor", self.folder, self._env(server.url, ledger),
+                              p.concurrency, p.supervised))
+        fleet = Fleet(slots)
+        if proxy is not None:
+            proxy.reach = p.concurrency
+        fleet.start()
+        return fleet
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def _drive(self, server: RedisProcess, fleet: Fleet, tasks: ChaosTasks,
+               proxy: ProxyLink | None) -> Producer:
+        producer = Producer(tasks, self.profile, random.Random(self.seed), self.stop)
+        injector = Injector(server, fleet, random.Random(self.seed + 1), producer.poison,
+                            producer.cancel, self.stop, proxy)
+        threads = [threading.Thread(target=producer.run, name="producer", daemon=True),
+                   threading.Thread(target=self._schedule, args=(injector,), name="faults",
+                                    daemon=True)]
+        for t in threads:
+            t.start()
+        with Progress(TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                      console=self.console, transient=False) as progress:
+            bar = progress.add_task("faults", total=self.profile.jobs, detail="")
+            while any(t.is_alive() for t in threads):
+                self._tick(fleet, tasks, producer, progress, bar)
+            progress.update(bar, description="settle")
+            deadline = time.monotonic() + self.profile.settle_seconds
+            while time.monotonic() < deadline:
+                if self._tick(fleet, tasks, producer, progress, bar):
+                    break
+        for t in threads:
+            t.join(30)
+        return producer
+
+    def _tick(self, fleet: Fleet, tasks: ChaosTasks, producer: Producer, progress: Progress,
+              bar: Any) -> bool:
+        """Restart dead workers, show progress; True once every job is final."""
+        self.stop.wait(POLL)
+        fleet.revive()
+        jobs = producer.snapshot()
+        try:
+            found = gather.states(tasks.app.redis, tasks.app.keys(QUEUE),
+                                  [job for _, job in jobs.values()])
+        except ERRORS:
+            found = None  # Redis is down or out of memory right now: show the last figures
+        if found is not None:
+            self._finished = sum(s in FINAL for s in found)
+            self._state_counts = {s or "missing": found.count(s) for s in set(found)}
+        last = self.faults[-1].kind if self.faults else "-"
+        states = " ".join(f"{k} {v}" for k, v in sorted(self._state_counts.items())
+                          if k not in FINAL)
+        progress.update(bar, completed=self._finished, total=max(len(jobs), self.profile.jobs),
+                        detail=f"faults {len(self.faults)} (last {last}) · {states or 'idle'}")
+        return (found is not None and producer.enqueued >= self.profile.jobs
+                and self._finished == len(jobs))
+
+    def _schedule(self, injector: Injector) -> None:
+        """Fault episodes one after another: each kind once early (in a random order), then
+        at random by weight, until the profile's time is up. A kind that found nothing to
+        hit (every worker restarting) is tried again, for at most twice the time."""
+        p, rng = self.profile, injector.rng
+        kinds = injector.available(p.weights)
+        untried = sorted(kinds)
+        rng.shuffle(untried)
+        retry: list[str] = []
+        began = time.monotonic()
+        while not self.stop.is_set():
+            elapsed = time.monotonic() - began
+            if elapsed >= p.fault_seconds and not untried and (
+                    not retry or elapsed >= 2 * p.fault_seconds):
+                return
+            self.stop.wait(rng.uniform(*p.gap))
+            if untried or retry:
+                kind = (untried or retry).pop()
+            else:
+                kind = rng.choices(list(kinds), list(kinds.values()))[0]
+            try:
+                fault = injector.inject(kind)
+            except Exception as exc:  # the run's own machinery failed: reported, not hidden
+                self.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+                continue
+            if fault is not None:
+                self.faults.append(fault)
+            elif kind not in {f.kind for f in self.faults}:
+                retry.insert(0, kind)
+
+    # -- the verdict -----------------------------------------------------------------------
+
+    def _evidence(self, tasks: ChaosTasks, producer: Producer) -> Evidence:
+        client, keys = tasks.app.redis, tasks.app.keys(QUEUE)
+        jobs = producer.snapshot()
+        records = gather.job_records(client, keys, jobs)
+        known = {job.short_id for _, job in jobs.values()}
+        stray, dead = gather.stray_records(client, keys, known)
+        return Evidence(jobs=records, ledger=gather.ledger_entries(tasks.ledger),
+                        counters=gather.counters(client, keys, dead), faults=list(self.faults),
+                        cancelled=set(producer.cancelled),
+                        cancel_unknown=set(producer.cancel_unknown), stray=stray)
+
+    def _verdict(self, tasks: ChaosTasks, producer: Producer, seconds: float) -> int:
+        checks, summary = check(self._evidence(tasks, producer))
+        checks.append(Check("the run's own machinery worked", not self.errors,
+                            "; ".join(self.errors) or "no errors"))
+        fault_log = self.folder / "faults.log"
+        write_fault_log(fault_log, self.seed, self.faults)
+        extra = {"enqueue calls that raised": f"{producer.failed_calls} (their jobs are not"
+                 " counted; any they stored is checked as a stray record)",
+                 "worker restarts": f"{self.restarts} by the run (supervised children are"
+                                    " replaced by their supervisor)"}
+        print_report(self.console, self.faults, self.skipped, checks, summary, self.seed,
+                     seconds, extra)
+        failed = [c for c in checks if not c.held]
+        if failed or self.keep:
+            self.console.print(f"fault log, worker and Redis logs kept in {self.folder}")
+        else:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        if failed:
+            self.console.print(f"[bold red]{len(failed)} invariant(s) FAILED[/bold red]"
+                               f" (repeat with --seed {self.seed})")
+            return 1
+        self.console.print("[bold green]every invariant held[/bold green]")
+        return 0

@@ -1,0 +1,141 @@
+"""The tasks a chaos run executes, and the ledger they write.
+
+Every run of a task appends entries to a ledger kept on a separate redis-server that
+suffers no faults: ``"<label> <run> <pid> start"`` when the run begins and ``"<label> <run>
+<pid> ok"`` or ``"... raise"`` when it ends (a run killed with its process writes no end).
+``label`` names the job (the run enqueues each job with a label of its own), ``run`` is a
+random id of this run. After the run the ledger is compared with what conveyor recorded.
+
+Worker processes import this module as ``conveyor.chaos.tasks:app`` and find the servers
+in ``$CONVEYOR_REDIS_URL``, ``$CONVEYOR_CHAOS_LEDGER`` and ``$CONVEYOR_CHAOS_NAMESPACE``.
+
+The poison tasks misbehave on purpose: one raises, one SIGKILLs its own process, one leaves
+it with ``os._exit``, one sleeps far past its timeout. Each must end dead with a reason,
+after its attempts, without holding up anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import redis
+
+from ..app import Conveyor
+from ..task import Task
+
+__all__ = ["KINDS", "LEDGER_KEY", "POISON", "QUEUE", "ChaosTasks", "LedgerEntry",
+           "parse_entry"]
+
+QUEUE = "chaos"
+LEDGER_KEY = "conveyor-chaos:ledger"
+WORK_VT = 2.0  # short leases, so the jobs of a killed or paused worker come back soon
+WORK_RETRIES = 60  # far more lost leases than any run inflicts on one job
+POISON_VT = 2.0
+POISON_RETRIES = 1  # two attempts: each kill of a worker costs a lease of every job it holds
+HANG_TIMEOUT = 1.0
+HANG_SECONDS = 4.0  # a sync task cannot be interrupted: its thread stays busy this long
+RETRY_BACKOFF = 0.2
+POISON = ("raise", "kill", "exit", "hang")
+KINDS = ("work", *POISON)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One line of the ledger: a run of the job ``label`` began or ended."""
+
+    label: str
+    run: str
+    pid: int
+    phase: str  # start | ok | raise
+
+    @property
+    def kind(self) -> str:
+        return self.label.split(":", 1)[0]
+
+
+def parse_entry(raw: bytes | str) -> LedgerEntry:
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    label, run, pid, phase = text.split(" ")
+    return LedgerEntry(label, run, int(pid), phase)
+
+
+class ChaosTasks:
+    """The chaos run's application and its tasks.
+
+    :param url: the Redis the jobs live on
+    :param namespace: key namespace of the run
+    :param ledger_url: the Redis of the ledger (never faulted)
+    """
+
+    def __init__(self, url: str, namespace: str, ledger_url: str) -> None:
+        self.app = Conveyor(url, namespace=namespace)
+        self.ledger = redis.Redis.from_url(ledger_url, socket_timeout=30)
+        task = self.app.task
+        self.work = task(name="chaos.work", queue=QUEUE, retries=WORK_RETRIES,
+                         backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._work)
+        def poison(name: str, timeout: float | None = None) -> Callable[[F], Task[Any, Any]]:
+            return task(name=name, queue=QUEUE, retries=POISON_RETRIES, backoff=RETRY_BACKOFF,
+                        visibility_timeout=POISON_VT, timeout=timeout)
+
+        self.raises = poison("chaos.raise")(self._raise)
+        self.kills = poison("chaos.kill")(self._kill)
+        self.exits = poison("chaos.exit")(self._exit)
+        self.hangs = poison("chaos.hang", HANG_TIMEOUT)(self._hang)
+
+    def by_kind(self, kind: str) -> Task[Any, Any]:
+        return {"work": self.work, "raise": self.raises, "kill": self.kills,
+                "exit": self.exits, "hang": self.hangs}[kind]
+
+    def _note(self, label: str, run: str, phase: str) -> None:
+        self.ledger.rpush(LEDGER_KEY, f"{label} {run} {os.getpid()} {phase}")
+
+    def _start(self, label: str) -> str:
+        run = os.urandom(4).hex()
+        self._note(label, run, "start")
+        return run
+
+    def _work(self, label: str, seconds: float) -> str:
+        run = self._start(label)
+        time.sleep(seconds)
+        self._note(label, run, "ok")
+        return label
+
+    def _raise(self, label: str) -> None:
+        run = self._start(label)
+        self._note(label, run, "raise")
+        raise RuntimeError(f"poison job {label} raises on every attempt")
+
+    def _kill(self, label: str) -> None:
+        self._start(label)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def _exit(self, label: str) -> None:
+        self._start(label)
+        os._exit(17)
+
+    def _hang(self, label: str) -> None:
+        run = self._start(label)
+        time.sleep(HANG_SECONDS)
+        self._note(label, run, "ok")  # too late: the attempt already failed on its timeout
+
+    def close(self) -> None:
+        self.ledger.close()
+        self.app.close()
+
+
+def _from_env() -> Conveyor | None:
+    url = os.environ.get("CONVEYOR_REDIS_URL")
+    ledger = os.environ.get("CONVEYOR_CHAOS_LEDGER")
+    namespace = os.environ.get("CONVEYOR_CHAOS_NAMESPACE")
+    if not (url and ledger and namespace):
+        return None  # imported by the chaos command itself, which builds its own
+    return ChaosTasks(url, namespace, ledger).app
+
+
+app = _from_env()

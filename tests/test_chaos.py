@@ -1,0 +1,111 @@
+"""``conveyor chaos``: a short run through the real command, and the invariant checker
+failing on a ledger that shows a lost job or a double success."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conveyor.chaos.faults import Fault
+from conveyor.chaos.invariants import Check, Counters, Evidence, JobRecord, check
+from conveyor.chaos.tasks import LedgerEntry
+from helpers import env_with_src
+
+
+def conveyor_command() -> list[str]:
+    script = Path(sys.executable).with_name("conveyor")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "conveyor"]
+
+
+@pytest.mark.timeout(110)
+def test_short_run_through_the_command_holds_every_invariant(tmp_path: Path) -> None:
+    out = tmp_path / "chaos.out"
+    env = env_with_src()
+    env["COLUMNS"] = "200"
+    with open(out, "wb") as sink:
+        code = subprocess.run(
+            [*conveyor_command(), "chaos", "--profile", "ci", "--seed", "4242", "--jobs", "150",
+             "--fault-seconds", "8"], env=env, stdout=sink, stderr=subprocess.STDOUT,
+            timeout=100).returncode
+    text = out.read_text()
+    assert code == 0, text
+    assert "seed 4242" in text and "every invariant held" in text
+    for kind in ("worker-kill", "worker-pause", "redis-kill", "client-kill", "oom",
+                 "poison-raise", "poison-kill", "poison-exit", "poison-hang", "cancel"):
+        assert f"│ {kind} " in text, f"{kind} was not injected:\n{text}"
+    if importlib.util.find_spec("conveyor.faults.proxy") is not None:
+        for kind in ("proxy-blackhole", "proxy-reset"):
+            assert f"│ {kind} " in text and "not injected" not in text, text
+    assert "FAILED" not in text
+    assert re.search(r"│\s+lost │ 0\s", text), text
+
+
+# -- the checker on hand-made evidence ---------------------------------------------------
+
+def _run(label: str, run: str, pid: int = 100, ok: bool = True) -> list[LedgerEntry]:
+    return [LedgerEntry(label, run, pid, "start")] + (
+        [LedgerEntry(label, run, pid, "ok")] if ok else [])
+
+
+def healthy() -> Evidence:
+    jobs = [JobRecord("work:1", "work", "chaos~a", "succeeded", 1, None, 1),
+            JobRecord("work:2", "work", "chaos~b", "succeeded", 2, "lease expired", 1),
+            JobRecord("kill:1", "kill", "chaos~c", "dead", 2, "lease expired", 0)]
+    ledger = (_run("work:1", "r1") + _run("work:2", "r2", ok=False)
+              + _run("work:2", "r3", pid=101) + _run("kill:1", "r4", ok=False)
+              + _run("kill:1", "r5", pid=101, ok=False))
+    counters = Counters(ready_counter=0, ready_listed=0, active={"chaos.work": 0},
+                        leased={}, dead_letters=1, dead_records=1)
+    return Evidence(jobs=jobs, ledger=ledger, counters=counters,
+                    faults=[Fault("worker-kill", 1.0, "pid 100", 4)])
+
+
+def failed(checks: list[Check]) -> set[str]:
+    return {c.name for c in checks if not c.held}
+
+
+def test_checker_holds_on_a_healthy_run() -> None:
+    checks, summary = check(healthy())
+    assert failed(checks) == set()
+    assert (summary.jobs, summary.runs, summary.reexecutions, summary.lost_leases,
+            summary.lost_jobs) == (3, 5, 1, 1, 0)
+
+
+def test_checker_fails_on_a_lost_job() -> None:
+    ev = healthy()
+    ev.jobs[0] = dataclasses.replace(ev.jobs[0], state="ready")
+    checks, summary = check(ev)
+    assert "every job ends succeeded, dead or cancelled" in failed(checks)
+    assert summary.lost_jobs == 1
+
+
+def test_checker_fails_on_a_double_success() -> None:
+    ev = healthy()
+    ev.jobs[1] = dataclasses.replace(ev.jobs[1], successes=2)
+    assert failed(check(ev)[0]) == {"at most one success recorded per job"}
+
+
+def test_checker_fails_on_a_run_without_a_lease_and_on_unbounded_reexecutions() -> None:
+    ev = healthy()
+    ev.ledger += _run("work:1", "r9", pid=102)  # a second run, but only one attempt leased
+    assert "every run had a lease of its own (runs <= attempts)" in failed(check(ev)[0])
+    ev = healthy()
+    ev.faults = []  # a lease was lost, yet nothing could have cost it
+    assert failed(check(ev)[0]) == {"re-executions <= lost leases <= faults' reach"}
+
+
+def test_checker_fails_on_dead_work_overlap_and_counters() -> None:
+    ev = healthy()
+    ev.jobs[0] = dataclasses.replace(ev.jobs[0], state="dead", error="boom")
+    ev.ledger += [LedgerEntry("work:2", "r7", 101, "start"), LedgerEntry("work:2", "r8", 101,
+                                                                          "start")]
+    ev.counters = dataclasses.replace(ev.counters, ready_counter=1, active={"chaos.work": 1})
+    assert {"only poison jobs end dead", "no job ran twice at once in one process",
+            "ready counter equals the ready lists",
+            "active counters equal the leases, per task"} <= failed(check(ev)[0])
