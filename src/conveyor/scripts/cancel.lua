@@ -1,6 +1,10 @@
 #!lua
 -- Cancel a job that has not started: a scheduled or retrying job leaves the delayed set; a
 -- ready job is marked and skipped by the next fetch that meets it (O(1), no list scan).
+-- The record of a cancelled ready job gets its TTL only when that fetch removes it from
+-- its list ('keep' holds the retention until then): were it to expire while still listed,
+-- the fetch could not tell it from a ready job whose record was lost, and would take it
+-- off the ready count a second time.
 --
 -- KEYS[1] job_prefix
 -- KEYS[2] delayed
@@ -32,6 +36,10 @@ else
   return state
 end
 redis.call('HSET', key, 'state', 'cancelled', 'finished_at', seconds(now_ms(ARGV[1])))
-redis.call('EXPIRE', key, retention)
+if state == 'ready' then
+  redis.call('HSET', key, 'keep', retention)
+else
+  redis.call('EXPIRE', key, retention)
+end
 free_dedupe_key(dedupe_prefix, f[2], id)
 return state
