@@ -32,6 +32,16 @@ local function record_problem(r)
   return nil
 end
 
+-- record_problem for a record found through a list or set: one that exists without a
+-- state is a problem too; one that does not exist (expired, deleted) is none.
+local function listed_record_problem(key, r)
+  if r.state == nil then
+    if redis.call('EXISTS', key) == 1 then return "corrupt record: field 'state' is missing" end
+    return nil
+  end
+  return record_problem(r)
+end
+
 -- Reads the fields record_problem checks (plus what a dead letter needs) as a table.
 local function read_record(key)
   local f = redis.call('HMGET', key, 'state', 'priority', 'attempts', 'max_attempts', 'vt',
