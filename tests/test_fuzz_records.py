@@ -5,11 +5,13 @@ reason), the counters come back to what the records say, and reading the jobs ba
 raises. The CLI and the dashboard then read a mangled queue without an error.
 
 The scripts are driven as a worker drives them, with the scripts' ``now`` override so that
-leases expire and delayed jobs come due without sleeping.
+leases expire and delayed jobs come due without sleeping. ``CONVEYOR_FUZZ_EXAMPLES`` raises
+the number of examples (default 60, for CI).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -25,6 +27,7 @@ import conveyor
 from conveyor.scripts import calls
 from helpers import RedisServer, env_with_src
 
+EXAMPLES = int(os.environ.get("CONVEYOR_FUZZ_EXAMPLES", "60"))
 VT = 1000
 FIELDS = ("state", "priority", "attempts", "max_attempts", "vt", "task", "tenant",
           "enqueued_at", "run_at", "args", "token", "key", "started_at")
@@ -77,7 +80,7 @@ def _drive(app: conveyor.Conveyor, now: float) -> float:
     return now
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_fuzzed_records_never_break_the_scripts(data: st.DataObject) -> None:
     assert SERVER is not None

@@ -78,7 +78,7 @@ if redis.call('EXISTS', k.paused) == 0 then
         popped_ready = popped_ready + 1
       end
       -- A missing record (expired) or one of another state (a stale entry) is skipped.
-      local bad = listed_record_problem(key, r)
+      local bad = listed_record_problem(key, r) or stranded(k, id, r)
       if bad then
         dead_letter(k, cfg, tally, now, id, r, bad, out)
       elseif r.state == 'ready' then

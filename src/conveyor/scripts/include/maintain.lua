@@ -1,5 +1,9 @@
 -- Housekeeping that every fetch does first, so no separate reaper or scheduler is needed:
 -- promote delayed jobs that have come due, and reclaim leases whose deadline has passed.
+--@include finish
+--@include metrics
+--@include ready
+--@include records
 
 -- Move due delayed jobs to the front of their ready lists, earliest due first: they have
 -- already waited, so they go ahead of jobs of their priority and tenant queued without delay.
@@ -11,9 +15,14 @@ local function promote_due(k, now, limit, cfg, tally, out)
     redis.call('ZREM', k.delayed, id)
     local r = read_record(k.job_prefix .. id)
     local bad = listed_record_problem(k.job_prefix .. id, r)
+    if not bad and r.state ~= 'scheduled' and r.state ~= 'retrying' then
+      bad = stranded(k, id, r)  -- (its delayed entry, the one we met, is already removed)
+    end
     if bad then
       dead_letter(k, cfg, tally, now, id, r, bad, out)
-    elseif r.state == 'scheduled' or r.state == 'retrying' then
+    elseif r.state == 'scheduled' or r.state == 'retrying' or r.state == 'ready' then
+      -- 'ready' here is a record changed by hand, in no ready list that we can see: it is
+      -- listed (were it listed already, the second entry meets it leased, and is skipped).
       redis.call('HSET', k.job_prefix .. id, 'state', 'ready')
       push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, r.priority or '5',
         r.tenant or '', true)
@@ -25,8 +34,8 @@ local function promote_due(k, now, limit, cfg, tally, out)
 end
 
 -- Set every task's active count to the number of leased jobs whose record says it is
--- active. Only needed when a leased job's record vanished (its task, and so the count it
--- holds, is unknown): O(leases), on that rare path only.
+-- active. Only needed when a leased job's record vanished or names another task than the
+-- one counted (so which count it holds is unknown): O(leases), on that rare path only.
 local function recount_active(k)
   local counts = {}
   for _, id in ipairs(redis.call('ZRANGE', k.leases, 0, -1)) do
@@ -43,13 +52,16 @@ end
 -- A leased job whose record no longer says 'active' was changed by something other than
 -- conveyor: its lease entry and active count date from when it was leased, so the count
 -- is given back, and a record left in no final state is dead-lettered with the reason.
+-- Returns true when the record no longer names its task, so the counts need a recount.
 local function reclaim_mangled(k, now, cfg, tally, id, r, out)
-  release_active(k.active, r.task)
+  -- Which count it holds is unknown when it names no task, or one whose count is empty.
+  local unknown = r.task == '' or release_active(k.active, r.task)
   if r.state ~= 'succeeded' and r.state ~= 'cancelled' then
     local reason = record_problem(r) or ("corrupt record: a leased job's field 'state' is "
       .. (r.state and quoted(r.state) or 'missing'))
     dead_letter(k, cfg, tally, now, id, r, reason, out)
   end
+  return unknown
 end
 
 -- A lease past its deadline means the worker died or stalled. The attempt it used counts;
@@ -63,7 +75,7 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
     local key = k.job_prefix .. id
     local r = read_record(key)
     if r.state == 'active' then
-      release_active(k.active, r.task)
+      if release_active(k.active, r.task) then vanished = true end
       count(tally, r.task, 'failed', 1)
       local attempts = r.attempts or '1'
       local err = 'lease expired: the worker died or stalled (attempt ' .. attempts .. ')'
@@ -81,8 +93,8 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
       end
     elseif r.state == nil and redis.call('EXISTS', key) == 0 then
       vanished = true
-    else
-      reclaim_mangled(k, now, cfg, tally, id, r, out)
+    elseif reclaim_mangled(k, now, cfg, tally, id, r, out) then
+      vanished = true
     end
   end
   if vanished then recount_active(k) end
