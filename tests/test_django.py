@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,13 +17,31 @@ import pytest
 import conveyor
 from helpers import RedisServer, env_with_src, wait_until
 
-PROJECT = Path(__file__).resolve().parent.parent / "examples" / "django"
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = ROOT / "examples" / "django"
+# Django 6 (django.tasks itself) needs Python >= 3.12; the main suite runs the backport.
+
+
+def _python_312() -> str | None:
+    for candidate in ("/root/.pyenv/versions/3.13.0/bin/python3",
+                      "/root/.pyenv/versions/3.12.1/bin/python3",
+                      shutil.which("python3.13"), shutil.which("python3.12")):
+        if candidate and Path(candidate).exists() and subprocess.run(
+                [candidate, "-c", "import venv"], capture_output=True, check=False
+        ).returncode == 0:
+            return candidate
+    return None
+
+
+PYTHON_312 = _python_312()
 
 
 class Project:
     """The example project, on its own SQLite file and conveyor namespace."""
 
-    def __init__(self, tmp: Path, server: RedisServer, namespace: str) -> None:
+    def __init__(self, tmp: Path, server: RedisServer, namespace: str,
+                 python: str = sys.executable) -> None:
+        self.python = python
         self.env = env_with_src()
         self.env.update(SHOP_DB=str(tmp / "shop.sqlite3"), CONVEYOR_REDIS_URL=server.url,
                         CONVEYOR_NAMESPACE=namespace, DJANGO_SETTINGS_MODULE="mysite.settings")
@@ -31,7 +50,7 @@ class Project:
         self.tmp = tmp
 
     def manage(self, *args: str, timeout: float = 120) -> str:
-        proc = subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT, env=self.env,
+        proc = subprocess.run([self.python, "manage.py", *args], cwd=PROJECT, env=self.env,
                               capture_output=True, text=True, timeout=timeout, check=False)
         assert proc.returncode == 0, f"manage.py {args[0]} failed:\n{proc.stdout}\n{proc.stderr}"
         return proc.stdout
@@ -42,7 +61,7 @@ class Project:
 
     def worker(self, *args: str) -> subprocess.Popen[bytes]:
         log = open(self.tmp / "worker.log", "ab")  # noqa: SIM115 - closed with the process
-        return subprocess.Popen([sys.executable, "manage.py", "conveyor_worker", *args],
+        return subprocess.Popen([self.python, "manage.py", "conveyor_worker", *args],
                                 cwd=PROJECT, env=self.env, stdout=log, stderr=log)
 
 
@@ -104,6 +123,32 @@ print(json.dumps(out))
 
 
 def test_django_tasks_run_through_conveyor(project: Project) -> None:
+    run_the_shop(project)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(PYTHON_312 is None, reason="Django 6 needs Python >= 3.12")
+def test_django_6_tasks_run_through_conveyor(tmp_path: Path, redis_server: RedisServer,
+                                             namespace: str) -> None:
+    assert PYTHON_312 is not None
+    venv = tmp_path / "venv"
+    subprocess.run([PYTHON_312, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    install = subprocess.run([python, "-m", "pip", "install", "-q", "django>=6", "-e", str(ROOT)],
+                             capture_output=True, text=True, timeout=600, check=False)
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    project = Project(tmp_path, redis_server, namespace, python=python)
+    version = subprocess.run([python, "-c", "import django, django.tasks; print(django.VERSION)"],
+                             capture_output=True, text=True, check=True).stdout
+    assert version.startswith("(6,"), version
+    project.manage("migrate", "-v", "0")
+    try:
+        run_the_shop(project)
+    finally:
+        project.app.close()
+
+
+def run_the_shop(project: Project) -> None:
     ids = project.shell(ENQUEUE)
     assert isinstance(ids, dict)
     receipt_id, status = ids["receipt"]
