@@ -7,7 +7,9 @@ import enum
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic
+
+from typing_extensions import TypeVar
 
 from . import keys as keyspace
 from .errors import EncodingError, JobCancelled, JobFailed, JobNotFound, ResultTimeout
@@ -16,7 +18,7 @@ from .scripts import calls
 if TYPE_CHECKING:
     from .app import Conveyor
 
-R = TypeVar("R")
+R = TypeVar("R", default=Any)  # a bare ``Job`` is a ``Job[Any]``
 
 
 class JobState(str, enum.Enum):
@@ -136,8 +138,8 @@ class Job(Generic[R]):
     """A handle on a stored job. Cheap to create; every method reads Redis afresh.
 
     ``R`` is what the task returns (``Job[int]`` for a task typed ``-> int``), so
-    :meth:`result` is typed; a handle made from a bare id (:meth:`Conveyor.job`) is a
-    ``Job[Any]``.
+    :meth:`result` is typed; a handle made from a bare id (:meth:`Conveyor.job`), like a
+    bare ``Job`` annotation, is a ``Job[Any]``.
 
     :param app: the application the job belongs to
     :param id: the public job id, ``"<queue>~<short id>"``

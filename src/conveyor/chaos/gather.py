@@ -30,7 +30,7 @@ def _chunks(items: list[Any]) -> Iterator[list[Any]]:
         yield items[i:i + CHUNK]
 
 
-def states(client: Any, keys: QueueKeys, jobs: list[Job[Any]]) -> list[str | None]:
+def states(client: Any, keys: QueueKeys, jobs: list[Job]) -> list[str | None]:
     """The state of each job's record, pipelined."""
     out: list[str | None] = []
     for part in _chunks(jobs):
@@ -55,7 +55,7 @@ def successes(client: Any, keys: QueueKeys) -> Counter[str]:
         start = "(" + _text(batch[-1][0])  # type: ignore[operator]
 
 
-def job_records(client: Any, keys: QueueKeys, jobs: dict[str, tuple[str, Job[Any]]]
+def job_records(client: Any, keys: QueueKeys, jobs: dict[str, tuple[str, Job]]
                 ) -> list[JobRecord]:
     """:param jobs: label -> (kind, job) of every job whose enqueue returned"""
     wins = successes(client, keys)

@@ -8,7 +8,6 @@ import math
 import random
 import threading
 import time
-from typing import Any
 
 import redis
 
@@ -36,8 +35,8 @@ class Producer:
         self.rng = rng
         self.stop = stop
         self.lock = threading.Lock()
-        self.jobs: dict[str, tuple[str, Job[Any]]] = {}  # label -> (kind, job)
-        self.delayed: list[tuple[float, str, Job[Any]]] = []  # (due, monotonic; label; job)
+        self.jobs: dict[str, tuple[str, Job]] = {}  # label -> (kind, job)
+        self.delayed: list[tuple[float, str, Job]] = []  # (due, monotonic; label; job)
         self.cancelled: set[str] = set()
         self.cancel_unknown: set[str] = set()  # cancel() raised: it may or may not have
         self.enqueued = 0  # work jobs whose enqueue returned
@@ -49,7 +48,7 @@ class Producer:
         self._labels += 1
         return f"work:{self._labels}"
 
-    def _keep(self, kind: str, label: str, job: Job[Any]) -> None:
+    def _keep(self, kind: str, label: str, job: Job) -> None:
         with self.lock:
             self.jobs[label] = (kind, job)
 
@@ -120,6 +119,6 @@ class Producer:
             self.cancelled.add(label)
         return label
 
-    def snapshot(self) -> dict[str, tuple[str, Job[Any]]]:
+    def snapshot(self) -> dict[str, tuple[str, Job]]:
         with self.lock:
             return dict(self.jobs)
