@@ -28,7 +28,7 @@ lint: $(BIN)/conveyor
 
 # The documentation site; --strict turns a broken link or reference into an error.
 docs: $(BIN)/conveyor
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 docs-serve: $(BIN)/conveyor
 	$(BIN)/mkdocs serve

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -14,7 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import conveyor
 from conveyor import testing
 from conveyor.contrib.otel import instrument, uninstrument
-from helpers import running_worker, wait_until
+from helpers import RedisServer, env_with_src, running_worker, wait_until
 
 
 @pytest.fixture
@@ -142,3 +149,53 @@ def test_batches_inline_runs_and_uninstrument(
     double.enqueue(1)
     testing.drain(app, timeout=60)
     assert exporter.get_finished_spans() == ()
+
+
+def test_context_crosses_into_supervised_worker_processes(
+    redis_server: RedisServer, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace_file = tmp_path / "spans.jsonl"
+    env = env_with_src()
+    env.update(CONVEYOR_REDIS_URL=redis_server.url, TRACED_NAMESPACE=namespace,
+               TRACE_FILE=str(trace_file))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.delitem(sys.modules, "apps.traced", raising=False)
+    traced = importlib.import_module("apps.traced")
+
+    ok = traced.add.enqueue(20, 22)
+    bad = traced.fail.enqueue()
+    log = open(tmp_path / "worker.log", "ab")  # noqa: SIM115 - closed below
+    worker = subprocess.Popen(
+        [str(Path(sys.executable).with_name("conveyor")), "worker", "apps.traced:app", "-p", "1",
+         "-c", "2"], cwd=Path(__file__).parent, env=env, stdout=log, stderr=log)
+    try:
+        assert ok.result(timeout=60) == 42
+        wait_until(lambda: bad.info().state == conveyor.JobState.DEAD, 60, message="dead")
+
+        def spans() -> list[dict[str, Any]]:
+            lines = trace_file.read_text().splitlines() if trace_file.exists() else []
+            return [json.loads(line) for line in lines]
+
+        wait_until(lambda: len([s for s in spans() if s["name"].startswith("run ")]) == 3, 30,
+                   message="three consumer spans")
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        log.close()
+        traced.app.close()
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for span in spans():
+        by_name.setdefault(span["name"], []).append(span)
+    [enqueue_add], [run_add] = by_name["enqueue traced.add"], by_name["run traced.add"]
+    assert enqueue_add["pid"] == os.getpid() and run_add["pid"] != os.getpid()
+    assert (enqueue_add["kind"], run_add["kind"]) == ("PRODUCER", "CONSUMER")
+    assert run_add["trace"] == enqueue_add["trace"] and run_add["parent"] == enqueue_add["span"]
+    assert run_add["attributes"]["messaging.message.id"] == ok.id
+    [enqueue_fail] = by_name["enqueue traced.fail"]
+    first, second = sorted(by_name["run traced.fail"],
+                           key=lambda s: s["attributes"]["conveyor.job.attempt"])
+    assert first["status"] == second["status"] == "ERROR"
+    assert first["parent"] == enqueue_fail["span"]
+    assert second["parent"] is None and second["links"] == [enqueue_fail["span"]]
