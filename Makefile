@@ -24,7 +24,7 @@ test: deps
 lint: $(BIN)/conveyor
 	$(BIN)/ruff check src tests examples
 	$(BIN)/mypy
-	$(BIN)/python tests/typing/check.py
+	$(BIN)/python tests/typecheck/check.py
 
 # The documentation site; --strict turns a broken link or reference into an error.
 docs: $(BIN)/conveyor

@@ -1,7 +1,7 @@
 """Typing test: every line marked ``# error`` must be reported by mypy --strict and by
 pyright, and no other line may be.
 
-Run by ``python tests/typing/check.py`` (``make lint``); not collected by pytest.
+Run by ``python tests/typecheck/check.py`` (``make lint``); not collected by pytest.
 """
 
 from __future__ import annotations

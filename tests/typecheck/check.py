@@ -1,7 +1,7 @@
 """The typing check: ``pass_tasks.py`` is clean and ``fail_tasks.py`` fails exactly on
 its lines marked ``# error``, under both ``mypy --strict`` and pyright.
 
-Usage: ``python tests/typing/check.py`` (exit status 0 when both checkers agree).
+Usage: ``python tests/typecheck/check.py`` (exit status 0 when both checkers agree).
 """
 
 from __future__ import annotations

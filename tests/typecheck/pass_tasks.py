@@ -1,6 +1,6 @@
 """Typing test: every line here must type-check under mypy --strict and pyright.
 
-Run by ``python tests/typing/check.py`` (``make lint``); not collected by pytest.
+Run by ``python tests/typecheck/check.py`` (``make lint``); not collected by pytest.
 """
 
 from __future__ import annotations
