@@ -19,6 +19,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import keys as keyspace
+
 if TYPE_CHECKING:
     from .app import Conveyor
     from .task import Task
@@ -91,8 +93,6 @@ def running(app: Conveyor, task: Task[Any, Any], queue: str, short_id: str, atte
     """The context in which the worker calls ``task`` for one attempt of a job."""
     if not app.hooks:
         return _NOTHING
-    from . import keys as keyspace
-
     try:
         meta = app.codec.decode_meta(payload)
     except Exception:  # the arguments decoded, so this is odd data in a spare field
