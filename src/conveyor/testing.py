@@ -243,6 +243,7 @@ def drain(app: Conveyor, queues: Sequence[str] | None = None,
     """Run, in this process, every ready job of ``queues`` on the app's real Redis, until
     none is ready; the :class:`~conveyor.JobInfo` of each job it ran, in the order they
     started (read after the drain: a job that failed and will retry says ``retrying``).
+    Jobs run one at a time, as a worker takes them (priority, then tenants in turn).
 
     :param queues: queues to drain (default: every queue the app's tasks name)
     :param include_scheduled: also run scheduled jobs and pending retries now, as if
