@@ -212,3 +212,17 @@ def test_isolated_namespace_is_removed(app: conveyor.Conveyor) -> None:
         assert any(True for _ in app.redis.scan_iter(match="{" + name + ":*"))
     assert app.namespace == before
     assert not any(True for _ in app.redis.scan_iter(match="*" + name + "*"))
+
+
+def test_drain_raises_when_redis_is_unreachable() -> None:
+    app = offline_app()
+
+    @app.task
+    def noop() -> None:
+        return None
+
+    started = time.monotonic()
+    with pytest.raises(Exception, match=r"(?i)connect|refused"):
+        testing.drain(app, timeout=20)
+    assert time.monotonic() - started < 20
+    assert app.hooks == []  # the drain's own hook is gone

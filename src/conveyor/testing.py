@@ -221,21 +221,33 @@ def _make_due(app: Conveyor, queues: Sequence[str]) -> int:
 
 
 def _burst(app: Conveyor, queues: Sequence[str], deadline: float) -> None:
+    """Run a burst worker to its end on a thread of its own: it needs a loop of its own
+    (the caller may be async code), and a worker on the main thread would take over the
+    process's SIGINT and SIGTERM handlers."""
     worker = app.worker(queues=queues, concurrency=1, grace=0)
+    failed: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            worker.run(burst=True)
+        except BaseException as exc:  # surfaced in the caller
+            failed.append(exc)
+
+    thread = threading.Thread(target=target, name="conveyor-drain", daemon=True)
     timer = threading.Timer(max(0.0, deadline - time.monotonic()), worker.stop)
     timer.daemon = True
+    thread.start()
     timer.start()
     try:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            worker.run(burst=True)
-        else:  # called from async code: the worker needs a loop of its own
-            thread = threading.Thread(target=worker.run, kwargs={"burst": True})
-            thread.start()
-            thread.join()
+        thread.join()
+    except BaseException:  # Ctrl-C in the test: stop the worker, hand its jobs back
+        worker.stop()
+        thread.join(10)
+        raise
     finally:
         timer.cancel()
+    if failed:
+        raise failed[0]
 
 
 def drain(app: Conveyor, queues: Sequence[str] | None = None,
@@ -250,8 +262,10 @@ def drain(app: Conveyor, queues: Sequence[str] | None = None,
         their time had come, until none is left (so a failing job runs to its end)
     :param timeout: seconds after which the drain stops and raises
     :raises TimeoutError: jobs were still ready after ``timeout`` seconds
+    :raises redis.exceptions.ConnectionError: Redis cannot be reached
     """
     names = list(queues) if queues else app.queues() or ["default"]
+    app.redis.ping()  # no Redis: fail now (a worker would retry until the timeout)
     ran = _Ran()
     app.hooks.append(ran)
     deadline = time.monotonic() + timeout
