@@ -3,12 +3,12 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench deps
+.PHONY: demo test lint bench deps docs docs-serve
 
 $(BIN)/conveyor: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,postgres,fast]'
+	$(BIN)/pip install -q -e '.[test,postgres,fast,docs]'
 	touch $@
 
 deps: $(BIN)/conveyor
@@ -22,8 +22,16 @@ test: deps
 	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 lint: $(BIN)/conveyor
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests examples
 	$(BIN)/mypy
+	$(BIN)/python tests/typecheck/check.py
+
+# The documentation site; --strict turns a broken link or reference into an error.
+docs: $(BIN)/conveyor
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: $(BIN)/conveyor
+	$(BIN)/mkdocs serve
 
 bench: $(BIN)/conveyor
 	$(BIN)/python -m bench.peers

@@ -20,6 +20,7 @@ with warnings.catch_warnings():  # starlette nudges towards httpx2; httpx is wha
     from starlette.testclient import TestClient
 
 import conveyor
+from conveyor import testing
 from conveyor.web import create_app, series
 from conveyor.worker.published import Publisher
 from helpers import env_with_src, free_port, running_worker, wait_until
@@ -47,8 +48,9 @@ def make_dead(app: conveyor.Conveyor, queue: str = "mail", n: int = 1,
         raise RuntimeError(message)
 
     jobs = bounce.enqueue_many([(i,) for i in range(n)])
-    app.worker(queues=[queue], concurrency=4).run(burst=True)
-    assert all(j.info().state == conveyor.JobState.DEAD for j in jobs)
+    infos = testing.drain(app, queues=[queue])
+    assert {i.id for i in infos} == {j.id for j in jobs}
+    assert all(i.state == conveyor.JobState.DEAD for i in infos)
     return jobs
 
 
@@ -63,7 +65,7 @@ def test_overview_api_counts_each_queue(app: conveyor.Conveyor, client: TestClie
     row = next(q for q in data["queues"] if q["name"] == "reports")
     assert (row["ready"], row["scheduled"], row["active"], row["dead"]) == (7, 3, 0, 0)
     assert data["totals"]["ready"] == 7
-    app.worker(queues=["reports"]).run(burst=True)
+    testing.drain(app, queues=["reports"])
     row = next(q for q in client.get("/api/overview").json()["queues"]
                if q["name"] == "reports")
     assert row["ready"] == 0 and row["throughput"] > 0
@@ -115,7 +117,7 @@ def test_task_types_and_series(app: conveyor.Conveyor, client: TestClient) -> No
     def never() -> None: ...
 
     resize.enqueue_many([(i,) for i in range(20)])
-    app.worker(queues=["img"]).run(burst=True)
+    testing.drain(app, queues=["img"])
     tasks = {t["name"]: t for t in client.get("/api/tasks").json()["tasks"]}
     assert tasks["img.resize"]["succeeded"] == 20 and not tasks["img.resize"]["idle"]
     assert tasks["img.resize"]["run"]["p95"] is not None

@@ -3,32 +3,46 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
 
 from . import clients
 from . import keys as keyspace
 from .encoding import DEFAULT_MAX_PAYLOAD, Codec, Format
 from .errors import ConfigurationError, NotReplicated, PartialEnqueue
+from .hooks import Hook
 from .job import Job, JobInfo
 from .scripts import AsyncScriptRunner, ScriptRunner, calls
-from .task import Task
+from .task import AsyncTask, Task
 
 if TYPE_CHECKING:
     from .alerts import Webhook
     from .deadletters import DeadLetters
     from .monitor import Monitor
     from .schedule import Periodic
+    from .testing import InlineRunner
     from .worker import Worker
 
 log = logging.getLogger("conveyor")
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 ENQUEUE_CHUNK = 2000  # jobs per script call; a bulk enqueue pipelines its chunks
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class TaskDecorator(Protocol):
+    """What ``@app.task(...)`` with arguments returns: a decorator that keeps the
+    function's parameters and return type (the awaited one for a coroutine function)."""
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]]) -> AsyncTask[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> Task[P, R]: ...
 
 
 class Conveyor:
@@ -73,6 +87,8 @@ class Conveyor:
             asyncio.AbstractEventLoop, tuple[Any, AsyncScriptRunner]
         ] = weakref.WeakKeyDictionary()
         self._registered_queues: set[str] = set()
+        self.hooks: list[Hook] = []  # tracing and test helpers: see conveyor.hooks
+        self._inline: InlineRunner | None = None  # set by conveyor.testing.inline
 
     def __repr__(self) -> str:
         return f"<Conveyor {self.url} namespace={self.namespace!r} tasks={len(self.tasks)}>"
@@ -124,7 +140,10 @@ class Conveyor:
     # -- tasks -----------------------------------------------------------------------------
 
     @overload
-    def task(self, fn: F) -> Task[Any, Any]: ...
+    def task(self, fn: Callable[P, Coroutine[Any, Any, R]]) -> AsyncTask[P, R]: ...
+
+    @overload
+    def task(self, fn: Callable[P, R]) -> Task[P, R]: ...
 
     @overload
     def task(
@@ -138,7 +157,7 @@ class Conveyor:
         timeout: float | None = None,
         visibility_timeout: float = 30.0,
         idle_threshold: float = 300.0,
-    ) -> Callable[[F], Task[Any, Any]]: ...
+    ) -> TaskDecorator: ...
 
     def task(
         self,
@@ -153,6 +172,10 @@ class Conveyor:
         idle_threshold: float = 300.0,
     ) -> Any:
         """Register a function (sync or async) as a task.
+
+        The task keeps the function's types: ``enqueue`` takes its parameters, and the
+        :class:`~conveyor.Job` it returns has its return type (for a coroutine function,
+        what the coroutine returns).
 
         :param name: task name stored with its jobs (default ``module.function``)
         :param queue: queue its jobs go to
@@ -170,7 +193,8 @@ class Conveyor:
             existing = self.tasks.get(task_name)
             if existing is not None and existing.fn is not func:
                 raise ConfigurationError(f"a task named {task_name!r} is already registered")
-            task: Task[Any, Any] = Task(
+            kind = AsyncTask if inspect.iscoroutinefunction(func) else Task
+            task: Task[Any, Any] = kind(
                 self, func, name=task_name, queue=queue, retries=retries, backoff=backoff,
                 timeout=timeout, visibility_timeout=visibility_timeout,
                 idle_threshold=idle_threshold,
@@ -188,7 +212,7 @@ class Conveyor:
         name: str | None = None,
         catch_up: bool = False,
         **task_options: Any,
-    ) -> Callable[[F], Task[Any, Any]]:
+    ) -> TaskDecorator:
         """Register a task that fires on a cron schedule (UTC), once per tick across workers.
 
         :param cron: five fields (minute precision) or six (the first is seconds)
@@ -199,12 +223,13 @@ class Conveyor:
         """
         from .schedule import Periodic
 
-        def register(func: F) -> Task[Any, Any]:
+        def register(func: Callable[..., Any]) -> Task[Any, Any]:
             task: Task[Any, Any] = self.task(name=name, queue=queue, **task_options)(func)
             self.periodics.append(Periodic(task=task, cron=cron, catch_up=catch_up))
             return task
 
-        return register
+        decorator: TaskDecorator = register  # type: ignore[assignment]
+        return decorator
 
     def queues(self) -> list[str]:
         """Every queue the app's tasks and periodic jobs name, sorted."""
@@ -223,7 +248,7 @@ class Conveyor:
     def is_paused(self, queue: str) -> bool:
         return bool(self.redis.exists(self.keys(queue).paused))
 
-    def job(self, id: str) -> Job:
+    def job(self, id: str) -> Job[Any]:
         """A handle on the job with this id (no Redis call is made)."""
         return Job(self, id)
 
@@ -275,6 +300,8 @@ class Conveyor:
             :attr:`durable_replicas` replicas have the jobs
         :raises NotReplicated: durable, and fewer replicas confirmed in time
         """
+        if self._inline is not None:  # conveyor.testing.inline: run here, no Redis
+            return self._inline.store(queue, spec, jobs)
         chunks = self._chunks(queue, spec, jobs)
         if len(chunks) == 1 and queue in self._registered_queues and not durable:
             return self.scripts.run(chunks[0])
@@ -342,6 +369,8 @@ class Conveyor:
         durable: bool = False,
     ) -> list[tuple[str, bool]]:
         """Async twin of :meth:`store`."""
+        if self._inline is not None:
+            return await self._inline.astore(queue, spec, jobs)
         if durable:  # the writes and their WAIT share one connection: the sync pipeline's
             return await asyncio.to_thread(self.store, queue, spec, jobs, True)
         client, runner = self._async_pair()

@@ -37,14 +37,19 @@ class Codec:
         self.format = format
         self.max_payload = max_payload
 
-    def encode_args(self, task: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-        """Encode the arguments of one call of ``task``.
+    def encode_args(self, task: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    meta: dict[str, str] | None = None) -> bytes:
+        """Encode the arguments of one call of ``task``: ``[args]``, ``[args, kwargs]``, or
+        ``[args, kwargs, meta]`` when hooks (tracing) gave string entries to carry along.
 
         :raises SerializationError: an argument has a type that cannot be encoded
         :raises PayloadTooLarge: the encoded arguments exceed ``max_payload``
         """
         try:
-            data = self._encoder.encode((args, kwargs) if kwargs else (args,))
+            if meta:
+                data = self._encoder.encode((args, kwargs, meta))
+            else:
+                data = self._encoder.encode((args, kwargs) if kwargs else (args,))
         except (TypeError, msgspec.EncodeError, OverflowError) as exc:
             raise SerializationError(
                 f"cannot encode the arguments of task {task!r}: {exc}"
@@ -67,13 +72,21 @@ class Codec:
             value = self._decoder.decode(data)
         except (msgspec.DecodeError, ValueError) as exc:
             raise EncodingError(f"corrupt payload: {exc}") from exc
-        if not isinstance(value, list) or not 1 <= len(value) <= 2:
+        if not isinstance(value, list) or not 1 <= len(value) <= 3:
             raise EncodingError("corrupt payload: expected [args] or [args, kwargs]")
         args = value[0]
-        kwargs = value[1] if len(value) == 2 else {}
+        kwargs = value[1] if len(value) >= 2 else {}
         if not isinstance(args, list) or not isinstance(kwargs, dict):
             raise EncodingError("corrupt payload: expected [args] or [args, kwargs]")
         return args, kwargs
+
+    def decode_meta(self, data: bytes) -> dict[str, str]:
+        """The string entries hooks carried with a job (see :mod:`conveyor.hooks`); empty
+        when there are none or they are not strings."""
+        value = self._decoder.decode(data)
+        if not isinstance(value, list) or len(value) != 3 or not isinstance(value[2], dict):
+            return {}
+        return {k: v for k, v in value[2].items() if isinstance(k, str) and isinstance(v, str)}
 
     def encode_result(self, value: Any) -> bytes:
         """Encode a task's return value.

@@ -7,7 +7,9 @@ import enum
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
+
+from typing_extensions import TypeVar
 
 from . import keys as keyspace
 from .errors import EncodingError, JobCancelled, JobFailed, JobNotFound, ResultTimeout
@@ -18,6 +20,8 @@ from .untrusted import text as _text
 
 if TYPE_CHECKING:
     from .app import Conveyor
+
+R = TypeVar("R", default=Any)  # a bare ``Job`` is a ``Job[Any]``
 
 
 class JobState(str, enum.Enum):
@@ -112,8 +116,12 @@ class JobInfo:
         )
 
 
-class Job:
+class Job(Generic[R]):
     """A handle on a stored job. Cheap to create; every method reads Redis afresh.
+
+    ``R`` is what the task returns (``Job[int]`` for a task typed ``-> int``), so
+    :meth:`result` is typed; a handle made from a bare id (:meth:`Conveyor.job`), like a
+    bare ``Job`` annotation, is a ``Job[Any]``.
 
     :param app: the application the job belongs to
     :param id: the public job id, ``"<queue>~<short id>"``
@@ -127,7 +135,7 @@ class Job:
         self.queue, self.short_id = keyspace.split_job_id(id)
 
     @classmethod
-    def _of(cls, app: Conveyor, queue: str, short_id: str) -> Job:
+    def _of(cls, app: Conveyor, queue: str, short_id: str) -> Job[Any]:
         """A handle from parts already known (no parsing: enqueue makes many)."""
         job = cls.__new__(cls)
         job._app, job.queue, job.short_id = app, queue, short_id
@@ -157,10 +165,16 @@ class Job:
 
         :raises JobNotFound: no record (never existed, or expired after its retention)
         """
+        inline = self._app._inline  # conveyor.testing.inline: records in memory
+        if inline is not None:
+            return self._info(inline.record(self.queue, self.short_id))
         return self._info(self._app.redis.hgetall(self._keys.job(self.short_id)))
 
     async def ainfo(self) -> JobInfo:
         """Async twin of :meth:`info`."""
+        inline = self._app._inline
+        if inline is not None:
+            return self._info(inline.record(self.queue, self.short_id))
         return self._info(await self._app.aredis().hgetall(self._keys.job(self.short_id)))
 
     def cancel(self) -> bool:
@@ -173,16 +187,16 @@ class Job:
         call = calls.cancel(self._keys, self.short_id, self._app.limits)
         return await self._app.ascripts().run(call) in ("scheduled", "retrying", "ready")
 
-    def _outcome(self, info: JobInfo) -> tuple[bool, Any]:
+    def _outcome(self, info: JobInfo) -> tuple[bool, R]:
         if info.state == JobState.SUCCEEDED:
             return True, info.result
         if info.state == JobState.DEAD:
             raise JobFailed(self.id, info.error)
         if info.state == JobState.CANCELLED:
             raise JobCancelled(self.id)
-        return False, None
+        return False, info.result
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> R:
         """Wait for the job to finish and return its result.
 
         :param timeout: seconds to wait at most; ``None`` waits for ever
@@ -202,7 +216,7 @@ class Job:
             time.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 1.5, 0.1)
 
-    async def aresult(self, timeout: float | None = None) -> Any:
+    async def aresult(self, timeout: float | None = None) -> R:
         """Async twin of :meth:`result`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.002

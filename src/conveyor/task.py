@@ -11,12 +11,13 @@ import dataclasses
 import inspect
 import os
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Self, TypeVar
 
 from . import keys as keyspace
 from .errors import ConfigurationError
+from .hooks import enqueueing
 from .job import Job
 from .scripts import calls
 
@@ -112,13 +113,15 @@ def new_short_id() -> str:
 class Task(Generic[P, R]):
     """A registered task. Call it to run the function here; ``enqueue`` to run it on a worker.
 
-    Made by :meth:`conveyor.Conveyor.task`; see there for the settings.
+    Made by :meth:`conveyor.Conveyor.task`; see there for the settings. ``P`` is the
+    function's parameters and ``R`` what its jobs return: ``enqueue`` checks its arguments
+    against ``P`` and gives a :class:`~conveyor.Job` whose ``result()`` is an ``R``.
     """
 
     def __init__(
         self,
         app: Conveyor,
-        fn: Callable[P, R],
+        fn: Callable[P, Any],
         *,
         name: str,
         queue: str,
@@ -158,7 +161,8 @@ class Task(Generic[P, R]):
         return f"<Task {self.name} queue={self.queue!r}>"
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.fn(*args, **kwargs)
+        result: R = self.fn(*args, **kwargs)
+        return result
 
     @property
     def max_attempts(self) -> int:
@@ -169,13 +173,13 @@ class Task(Generic[P, R]):
         exp = float(self.backoff) * 2.0 ** max(0, attempts - 1)
         return min(MAX_RETRY_DELAY, exp) * random.uniform(0.5, 1.0)
 
-    def options(self, **changes: Any) -> Task[P, R]:
+    def options(self, **changes: Any) -> Self:
         """A copy of this task whose jobs are enqueued with other options.
 
         :param changes: any of ``delay``, ``at``, ``priority``, ``tenant``, ``key``,
             ``durable``
         """
-        copy = object.__new__(Task)
+        copy = object.__new__(type(self))
         copy.__dict__.update(self.__dict__)
         copy.__dict__.pop("_spec_cache", None)
         copy.job_options = self.job_options.merged(changes)
@@ -202,58 +206,77 @@ class Task(Generic[P, R]):
             visibility_ms=max(1, int(self.visibility_timeout * 1000)),
         )
 
-    def _new_job(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[str, bytes]:
-        return new_short_id(), self.app.codec.encode_args(self.name, tuple(args), kwargs)
+    def _new_job(self, args: Sequence[Any], kwargs: dict[str, Any],
+                 meta: dict[str, str] | None = None) -> tuple[str, bytes]:
+        return new_short_id(), self.app.codec.encode_args(self.name, tuple(args), kwargs, meta)
 
-    def _batch(self, items: Iterable[Any]) -> list[tuple[str, bytes]]:
+    def _batch(self, items: Iterable[Any], meta: dict[str, str] | None = None
+               ) -> list[tuple[str, bytes]]:
         encode, name = self.app.codec.encode_args, self.name
         jobs = []
         for item in items:
             if isinstance(item, Mapping):
-                jobs.append((new_short_id(), encode(name, (), dict(item))))
+                jobs.append((new_short_id(), encode(name, (), dict(item), meta)))
             elif isinstance(item, tuple | list):
-                jobs.append((new_short_id(), encode(name, tuple(item), {})))
+                jobs.append((new_short_id(), encode(name, tuple(item), {}, meta)))
             else:
-                jobs.append((new_short_id(), encode(name, (item,), {})))
+                jobs.append((new_short_id(), encode(name, (item,), {}, meta)))
         if self.job_options.key is not None and len(jobs) > 1:
             raise ConfigurationError(
                 "a dedupe key names one job: use it with enqueue, not enqueue_many"
             )
         return jobs
 
-    def _jobs(self, replies: list[tuple[str, bool]]) -> list[Job]:
+    def _jobs(self, replies: list[tuple[str, bool]]) -> list[Job[R]]:
         return [Job._of(self.app, self.queue, short) for short, _ in replies]
 
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job[R]:
         """Store a job that calls this task with these arguments; it is in Redis on return.
 
         :raises SerializationError: an argument cannot be encoded (nothing is written)
         :raises PayloadTooLarge: the encoded arguments are over the limit
         """
-        stored = self.app.store(self.queue, self._spec(), [self._new_job(args, kwargs)],
-                                durable=self.job_options.durable)
+        with enqueueing(self.app, self, 1) as meta:
+            stored = self.app.store(self.queue, self._spec(), [self._new_job(args, kwargs, meta)],
+                                    durable=self.job_options.durable)
         return self._jobs(stored)[0]
 
-    def enqueue_many(self, items: Iterable[Any]) -> list[Job]:
+    def enqueue_many(self, items: Iterable[Any]) -> list[Job[R]]:
         """Store many jobs in one round trip; each item is a tuple of positional arguments,
         a dict of keyword arguments, or a single argument. The options apply to every job."""
-        jobs = self._batch(items)
-        if not jobs:
+        items = list(items)
+        if not items:
             return []
-        return self._jobs(self.app.store(self.queue, self._spec(), jobs,
-                                         durable=self.job_options.durable))
+        with enqueueing(self.app, self, len(items)) as meta:
+            jobs = self._batch(items, meta)
+            return self._jobs(self.app.store(self.queue, self._spec(), jobs,
+                                             durable=self.job_options.durable))
 
-    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job[R]:
         """Async twin of :meth:`enqueue`."""
-        return self._jobs(await self.app.astore(
-            self.queue, self._spec(), [self._new_job(args, kwargs)],
-            durable=self.job_options.durable))[0]
+        with enqueueing(self.app, self, 1) as meta:
+            stored = await self.app.astore(self.queue, self._spec(),
+                                           [self._new_job(args, kwargs, meta)],
+                                           durable=self.job_options.durable)
+        return self._jobs(stored)[0]
 
-    async def aenqueue_many(self, items: Iterable[Any]) -> list[Job]:
+    async def aenqueue_many(self, items: Iterable[Any]) -> list[Job[R]]:
         """Async twin of :meth:`enqueue_many`."""
-        jobs = self._batch(items)
-        if not jobs:
+        items = list(items)
+        if not items:
             return []
-        return self._jobs(await self.app.astore(self.queue, self._spec(), jobs,
-                                                durable=self.job_options.durable))
+        with enqueueing(self.app, self, len(items)) as meta:
+            jobs = self._batch(items, meta)
+            return self._jobs(await self.app.astore(self.queue, self._spec(), jobs,
+                                                    durable=self.job_options.durable))
 
+
+class AsyncTask(Task[P, R]):
+    """A task whose function is a coroutine function: calling it here gives a coroutine,
+    and its jobs' results are what that coroutine returns (``R``)."""
+
+    def __call__(  # type: ignore[override]
+        self, *args: P.args, **kwargs: P.kwargs
+    ) -> Coroutine[Any, Any, R]:
+        coroutine: Coroutine[Any, Any, R] = self.fn(*args, **kwargs)
+        return coroutine

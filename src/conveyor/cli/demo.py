@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import click
 import redis
@@ -20,6 +21,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .base import main
+
+if TYPE_CHECKING:
+    from ..job import Job
 
 console = Console()
 TENANTS = {"acme": 40, "globex": 25, "initech": 20, "umbrella": 10, "hooli": 5}
@@ -101,7 +105,7 @@ def _run(d: object, concurrency: int, scale: int) -> None:
     from .. import demo as demo_app
 
     app = demo_app.app
-    jobs = []
+    jobs: list[Job[Any]] = []
     started = time.monotonic()
     for tenant, batches in TENANTS.items():
         n = batches * scale

@@ -13,9 +13,11 @@ import logging
 import threading
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import hooks
 from ..scripts.calls import Leased, Outcome
 from .clock import ServerClock
 from .threads import ThreadRunner
@@ -128,7 +130,8 @@ class Executor:
         task = self.app.tasks[held.leased.task]
         args, kwargs = decoded
         try:
-            value = await self._call(task, args, kwargs)
+            with self._hooks(held, task):
+                value = await self._call(task, args, kwargs)
             return self._ok(held, self.app.codec.encode_result(value))
         except _Overran:
             return self._retry(held, task, f"timeout: the task ran longer than {task.timeout} s")
@@ -153,6 +156,12 @@ class Executor:
             if deadline.expired():
                 raise _Overran() from None
             raise
+
+    def _hooks(self, held: Held, task: Any) -> AbstractContextManager[None]:
+        """The app's run hooks (tracing, test helpers) around one call of the task."""
+        leased = held.leased
+        return hooks.running(self.app, task, held.queue, leased.short_id, leased.attempts,
+                             leased.max_attempts, leased.args)
 
     def _ok(self, held: Held, payload: bytes) -> Outcome:
         return Outcome(held.leased.short_id, held.leased.token, "ok",
@@ -197,7 +206,9 @@ class Executor:
             if isinstance(decoded, Outcome):
                 return decoded
             args, kwargs = decoded
-            return self._ok(held, self.app.codec.encode_result(task.fn(*args, **kwargs)))
+            with self._hooks(held, task):
+                value = task.fn(*args, **kwargs)
+            return self._ok(held, self.app.codec.encode_result(value))
         except BaseException as exc:  # whatever the task raises ends in an outcome
             try:
                 return self._retry(held, task, describe(exc))

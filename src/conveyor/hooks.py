@@ -1,0 +1,101 @@
+"""Hooks around enqueue and around each run: where tracing and test helpers plug in.
+
+A :class:`Hook` is a small object with two no-op methods, each returning a context
+manager: :meth:`Hook.enqueue` wraps the storing of jobs in the producer and may write
+string entries into the jobs' ``meta`` (carried in the job's payload, next to its
+arguments, so every attempt on every worker sees them); :meth:`Hook.run` wraps one
+attempt of one job in the worker, the task's call inside it, so an exception the task
+raises passes through the hook before the worker records it.
+
+Hooks are appended to :attr:`conveyor.Conveyor.hooks` (``conveyor.contrib.otel`` does
+so). An app without hooks pays one truth test per enqueue and per run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import keys as keyspace
+
+if TYPE_CHECKING:
+    from .app import Conveyor
+    from .task import Task
+
+_NOTHING: AbstractContextManager[None] = nullcontext()
+_NO_META: AbstractContextManager[None] = nullcontext()
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One run of one job, as a :meth:`Hook.run` sees it.
+
+    :param job_id: the public job id
+    :param queue: the job's queue
+    :param attempt: 1 on the first run
+    :param max_attempts: runs allowed in all
+    :param meta: what the enqueue hooks wrote (empty when none did)
+    """
+
+    job_id: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+class Hook:
+    """Base of hooks: override what you need; both methods default to doing nothing."""
+
+    def enqueue(self, task: Task[Any, Any], count: int, meta: dict[str, str]
+                ) -> AbstractContextManager[None]:
+        """Wrap the storing of ``count`` jobs of ``task``; entries written into ``meta``
+        before the context is entered travel with each job."""
+        return _NOTHING
+
+    def run(self, task: Task[Any, Any], attempt: Attempt) -> AbstractContextManager[None]:
+        """Wrap one attempt: the task is called inside the context."""
+        return _NOTHING
+
+
+@contextlib.contextmanager
+def _enqueue_hooks(app: Conveyor, task: Task[Any, Any], count: int
+                   ) -> Iterator[dict[str, str]]:
+    meta: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        for hook in app.hooks:
+            stack.enter_context(hook.enqueue(task, count, meta))
+        yield meta
+
+
+def enqueueing(app: Conveyor, task: Task[Any, Any], count: int
+               ) -> AbstractContextManager[dict[str, str] | None]:
+    """The context in which jobs of ``task`` are stored; it gives the meta to encode with
+    them (``None`` when the app has no hooks: the payload stays as it was)."""
+    if not app.hooks:
+        return _NO_META
+    return _enqueue_hooks(app, task, count)
+
+
+@contextlib.contextmanager
+def _run_hooks(app: Conveyor, task: Task[Any, Any], attempt: Attempt) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for hook in app.hooks:
+            stack.enter_context(hook.run(task, attempt))
+        yield
+
+
+def running(app: Conveyor, task: Task[Any, Any], queue: str, short_id: str, attempts: int,
+            max_attempts: int, payload: bytes) -> AbstractContextManager[None]:
+    """The context in which the worker calls ``task`` for one attempt of a job."""
+    if not app.hooks:
+        return _NOTHING
+    try:
+        meta = app.codec.decode_meta(payload)
+    except Exception:  # the arguments decoded, so this is odd data in a spare field
+        meta = {}
+    attempt = Attempt(keyspace.job_id(queue, short_id), queue, attempts, max_attempts, meta)
+    return _run_hooks(app, task, attempt)

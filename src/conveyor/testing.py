@@ -1,0 +1,315 @@
+"""Testing your own tasks: run them inline without Redis, or drain a real Redis in process.
+
+>>> from conveyor import testing
+>>> with testing.inline(app):            # no Redis: enqueue runs the task at once
+...     assert add.enqueue(1, 2).result() == 3
+>>> infos = testing.drain(app)           # real Redis: run every ready job here
+
+:func:`inline` keeps what matters for a test of a task and drops what needs a server:
+arguments and results go through the app's real encoder (an argument that would fail
+at ``enqueue`` fails here too), a failing task is retried at once up to its ``retries``
+(no backoff sleeps) and then goes dead (``result()`` raises :class:`~conveyor.JobFailed`,
+``on_dead`` callbacks run), and jobs a task enqueues run as well, depth first. Job
+options (``delay``, ``priority``, ``tenant``, ``key``) are accepted and not acted on:
+every job runs at once.
+
+:func:`drain` runs the app's real worker in this process until no job is ready, and
+returns what it ran. :func:`isolated` gives a test its own key namespace on a shared
+Redis and removes its keys afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+from . import hooks
+from . import keys as keyspace
+from .job import JobInfo
+
+if TYPE_CHECKING:
+    from .app import Conveyor
+    from .scripts.calls import JobSpec
+    from .task import Task
+
+__all__ = ["InlineRunner", "adrain", "drain", "inline", "isolated"]
+
+
+class InlineRunner:
+    """What :func:`inline` installs on an app: stores jobs as records in memory and runs
+    each at once, in this process."""
+
+    def __init__(self, app: Conveyor) -> None:
+        self.app = app
+        self.records: dict[tuple[str, str], dict[bytes, bytes]] = {}
+        self._lock = threading.RLock()
+
+    def record(self, queue: str, short_id: str) -> dict[bytes, bytes]:
+        """The job's record as Redis would hold it (empty when there is no such job)."""
+        with self._lock:
+            return dict(self.records.get((queue, short_id), {}))
+
+    def _new(self, queue: str, spec: JobSpec, short_id: str, payload: bytes) -> None:
+        now = repr(time.time()).encode()
+        record = {
+            b"task": spec.task.encode(), b"args": payload, b"state": b"ready",
+            b"priority": str(spec.priority).encode(), b"tenant": spec.tenant.encode(),
+            b"attempts": b"0", b"max_attempts": str(spec.max_attempts).encode(),
+            b"enqueued_at": now,
+        }
+        with self._lock:
+            self.records[(queue, short_id)] = record
+
+    def _update(self, queue: str, short_id: str, **fields: object) -> None:
+        with self._lock:
+            record = self.records[(queue, short_id)]
+            for name, value in fields.items():
+                record[name.encode()] = value if isinstance(value, bytes) else \
+                    str(value).encode()
+
+    def store(self, queue: str, spec: JobSpec, jobs: Sequence[tuple[str, bytes]]
+              ) -> list[tuple[str, bool]]:
+        """Store and run ``jobs`` (what :meth:`Conveyor.store` does with a Redis)."""
+        for short_id, payload in jobs:
+            self._new(queue, spec, short_id, payload)
+            self._run(queue, spec.task, short_id, payload, self._call_sync)
+        return [(short_id, True) for short_id, _ in jobs]
+
+    async def astore(self, queue: str, spec: JobSpec, jobs: Sequence[tuple[str, bytes]]
+                     ) -> list[tuple[str, bool]]:
+        """Async twin of :meth:`store`: async tasks are awaited on the running loop."""
+        for short_id, payload in jobs:
+            self._new(queue, spec, short_id, payload)
+            task = self.app.tasks.get(spec.task)
+            if task is not None and task.is_async:
+                await self._arun(queue, task, short_id, payload)
+            else:
+                self._run(queue, spec.task, short_id, payload, self._call_sync)
+        return [(short_id, True) for short_id, _ in jobs]
+
+    @staticmethod
+    def _call_sync(task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+        if not task.is_async:
+            return task.fn(*args, **kwargs)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(task.fn(*args, **kwargs))
+        # A loop runs in this thread (a sync enqueue from async code): run it on another.
+        result: list[Any] = []
+
+        def target() -> None:
+            try:
+                result.append((True, asyncio.run(task.fn(*args, **kwargs))))
+            except BaseException as exc:
+                result.append((False, exc))
+
+        thread = threading.Thread(target=target, name="conveyor-inline")
+        thread.start()
+        thread.join()
+        ok, value = result[0]
+        if not ok:
+            raise value
+        return value
+
+    def _run(self, queue: str, name: str, short_id: str, payload: bytes, call: Any) -> None:
+        task = self.app.tasks.get(name)
+        if task is None:
+            self._dead(queue, short_id, f"unknown task {name!r}")
+            return
+        args, kwargs = self.app.codec.decode_args(payload)
+        for attempt in range(1, task.max_attempts + 1):
+            self._start(queue, short_id, attempt)
+            try:
+                with self._hooks(task, queue, short_id, attempt, payload):
+                    value = call(task, args, kwargs)
+                self._succeed(queue, short_id, value)
+                return
+            except Exception as exc:
+                if self._failed(queue, short_id, task, attempt, exc):
+                    return
+
+    async def _arun(self, queue: str, task: Task[Any, Any], short_id: str, payload: bytes
+                    ) -> None:
+        args, kwargs = self.app.codec.decode_args(payload)
+        for attempt in range(1, task.max_attempts + 1):
+            self._start(queue, short_id, attempt)
+            try:
+                with self._hooks(task, queue, short_id, attempt, payload):
+                    value = await task.fn(*args, **kwargs)
+                self._succeed(queue, short_id, value)
+                return
+            except Exception as exc:
+                if self._failed(queue, short_id, task, attempt, exc):
+                    return
+
+    def _hooks(self, task: Task[Any, Any], queue: str, short_id: str, attempt: int,
+               payload: bytes) -> AbstractContextManager[None]:
+        return hooks.running(self.app, task, queue, short_id, attempt, task.max_attempts,
+                             payload)
+
+    def _start(self, queue: str, short_id: str, attempt: int) -> None:
+        self._update(queue, short_id, state="active", attempts=attempt,
+                     started_at=repr(time.time()))
+
+    def _succeed(self, queue: str, short_id: str, value: Any) -> None:
+        encoded = self.app.codec.encode_result(value)  # a result that cannot be stored fails
+        self._update(queue, short_id, state="succeeded", result=encoded,
+                     finished_at=repr(time.time()))
+
+    def _failed(self, queue: str, short_id: str, task: Task[Any, Any], attempt: int,
+                exc: Exception) -> bool:
+        """Record a failed attempt; True when it was the last one (the job is dead)."""
+        from .worker.executor import describe
+
+        if attempt < task.max_attempts:
+            self._update(queue, short_id, state="retrying", error=describe(exc))
+            return False
+        self._dead(queue, short_id, describe(exc))
+        return True
+
+    def _dead(self, queue: str, short_id: str, error: str) -> None:
+        self._update(queue, short_id, state="dead", error=error, finished_at=repr(time.time()))
+        info = JobInfo.from_record(self.app, queue, short_id, self.record(queue, short_id))
+        for callback in self.app.dead_hooks:
+            callback(info)
+
+
+@contextlib.contextmanager
+def inline(app: Conveyor) -> Iterator[InlineRunner]:
+    """Within the block, ``enqueue`` (and ``aenqueue``, ``enqueue_many``) runs each job at
+    once in this process, with no Redis; ``job.result()`` and ``job.info()`` read what it
+    did. Use the job handles inside the block: outside it they read Redis again.
+
+    :param app: the application whose tasks run inline
+    """
+    previous = app._inline
+    runner = InlineRunner(app)
+    app._inline = runner
+    try:
+        yield runner
+    finally:
+        app._inline = previous
+
+
+class _Ran(hooks.Hook):
+    """Notes the jobs a drain runs, in the order they started."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, None] = {}  # insertion-ordered set; appends are thread-safe
+
+    def run(self, task: Task[Any, Any], attempt: hooks.Attempt
+            ) -> AbstractContextManager[None]:
+        self.ids.setdefault(attempt.job_id)
+        return nullcontext()
+
+
+def _make_due(app: Conveyor, queues: Sequence[str]) -> int:
+    """Make every scheduled job and pending retry of ``queues`` due now (each score
+    multiplied by zero in one atomic command); how many there were."""
+    total = 0
+    for queue in queues:
+        delayed = app.keys(queue).delayed
+        total += int(app.redis.zunionstore(delayed, {delayed: 0}))
+    return total
+
+
+def _burst(app: Conveyor, queues: Sequence[str], deadline: float) -> None:
+    """Run a burst worker to its end on a thread of its own: it needs a loop of its own
+    (the caller may be async code), and a worker on the main thread would take over the
+    process's SIGINT and SIGTERM handlers."""
+    worker = app.worker(queues=queues, concurrency=1, grace=0)
+    failed: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            worker.run(burst=True)
+        except BaseException as exc:  # surfaced in the caller
+            failed.append(exc)
+
+    thread = threading.Thread(target=target, name="conveyor-drain", daemon=True)
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), worker.stop)
+    timer.daemon = True
+    thread.start()
+    timer.start()
+    try:
+        thread.join()
+    except BaseException:  # Ctrl-C in the test: stop the worker, hand its jobs back
+        worker.stop()
+        thread.join(10)
+        raise
+    finally:
+        timer.cancel()
+    if failed:
+        raise failed[0]
+
+
+def drain(app: Conveyor, queues: Sequence[str] | None = None,
+          include_scheduled: bool = False, timeout: float = 30) -> list[JobInfo]:
+    """Run, in this process, every ready job of ``queues`` on the app's real Redis, until
+    none is ready; the :class:`~conveyor.JobInfo` of each job it ran, in the order they
+    started (read after the drain: a job that failed and will retry says ``retrying``).
+    Jobs run one at a time, as a worker takes them (priority, then tenants in turn).
+
+    :param queues: queues to drain (default: every queue the app's tasks name)
+    :param include_scheduled: also run scheduled jobs and pending retries now, as if
+        their time had come, until none is left (so a failing job runs to its end)
+    :param timeout: seconds after which the drain stops and raises
+    :raises TimeoutError: jobs were still ready after ``timeout`` seconds
+    :raises redis.exceptions.ConnectionError: Redis cannot be reached
+    """
+    names = list(queues) if queues else app.queues() or ["default"]
+    app.redis.ping()  # no Redis: fail now (a worker would retry until the timeout)
+    ran = _Ran()
+    app.hooks.append(ran)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            pending = _make_due(app, names) if include_scheduled else 0
+            before = len(ran.ids)
+            _burst(app, names, deadline)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"drain: jobs of {names} were still running or ready"
+                                   f" after {timeout} s")
+            if not include_scheduled or (pending == 0 and len(ran.ids) == before):
+                break
+    finally:
+        app.hooks.remove(ran)
+    return [app.job(job_id).info() for job_id in ran.ids]
+
+
+async def adrain(app: Conveyor, queues: Sequence[str] | None = None,
+                 include_scheduled: bool = False, timeout: float = 30) -> list[JobInfo]:
+    """Async twin of :func:`drain` (the worker runs on a thread of its own)."""
+    return await asyncio.to_thread(drain, app, queues, include_scheduled, timeout)
+
+
+@contextlib.contextmanager
+def isolated(app: Conveyor, namespace: str | None = None) -> Iterator[str]:
+    """Give ``app`` a fresh key namespace for the block, then delete every key under it:
+    tests sharing one Redis never see each other's jobs.
+
+    :param namespace: the namespace to use (default: a random one)
+    :returns: the namespace in use
+    """
+    name = namespace or f"test-{uuid.uuid4().hex[:12]}"
+    previous, registered = app.namespace, set(app._registered_queues)
+    app.namespace = name
+    app._registered_queues.clear()
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(Exception):  # a test that stopped Redis still ends
+            for pattern in ("{" + name + ":*", keyspace.queues_key(name)):
+                keys = list(app.redis.scan_iter(match=pattern, count=1000))
+                for i in range(0, len(keys), 500):
+                    app.redis.delete(*keys[i : i + 500])
+        app.namespace = previous
+        app._registered_queues = registered
+
