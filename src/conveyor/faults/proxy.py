@@ -42,6 +42,7 @@ class Proxy:
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._pumps: dict[int, list[threading.Thread]] = {}  # id(client socket) -> its pumps
         self._blackholed = False
         self._delay = 0.0
         self._closed = False
@@ -105,12 +106,15 @@ class Proxy:
                 _abort(client)
                 continue
             upstream.settimeout(None)
+            pumps = [threading.Thread(target=self._pump, args=(src, dst), name="proxy-pump",
+                                      daemon=True)
+                     for src, dst in ((client, upstream), (upstream, client))]
             with self._lock:
                 self._pairs.append((client, upstream))
+                self._pumps[id(client)] = pumps
                 self.connections += 1
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), name="proxy-pump",
-                                 daemon=True).start()
+            for pump in pumps:
+                pump.start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
@@ -137,13 +141,18 @@ class Proxy:
     def _forget(self, a: socket.socket, b: socket.socket) -> None:
         with self._lock:
             self._pairs = [p for p in self._pairs if a not in p and b not in p]
+            self._pumps.pop(id(a), None)
+            self._pumps.pop(id(b), None)
         for sock in (a, b):
             with contextlib.suppress(OSError):
                 sock.close()
 
     def _close_pairs(self, abort: bool) -> None:
+        """Close every pair, and return once their pumps have ended: a pump blocked on a
+        socket holds it open in the kernel, so only then has the peer seen the end."""
         with self._lock:
             pairs, self._pairs = self._pairs, []
+            pumps = [t for client, _ in pairs for t in self._pumps.pop(id(client), [])]
         for pair in pairs:
             for sock in pair:
                 if abort:
@@ -153,6 +162,9 @@ class Proxy:
                         sock.shutdown(socket.SHUT_RDWR)
                     with contextlib.suppress(OSError):
                         sock.close()
+        for pump in pumps:
+            if pump is not threading.current_thread():
+                pump.join(timeout=1.0)
 
 
 def _abort(sock: socket.socket) -> None:
