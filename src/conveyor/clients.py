@@ -11,9 +11,10 @@ node owning its key's slot. Every key of a queue carries the queue's hash tag, s
 script call lands on one node.
 
 A URL whose scheme ends in ``+sentinel`` names Redis Sentinels, a service and a database:
-``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``
+``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db][?client_name=x]``
 (``rediss+sentinel://`` for TLS to the servers and the sentinels). The clients then ask
-the sentinels for the current primary and follow it across failovers.
+the sentinels for the current primary and follow it across failovers. ``client_name``
+names the connections to the servers (``CLIENT LIST`` shows it), as in a plain URL.
 
 Every client notices a dead peer within seconds, not after TCP's minutes: connections
 time out on connect and on reads (a blocking reader passes a longer ``socket_timeout`` of
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 import redis
 import redis.asyncio
@@ -87,6 +88,21 @@ class SentinelTarget:
     tls: bool
     username: str | None
     password: str | None
+    client_name: str | None = None
+
+
+def _sentinel_query(url: str, query: str) -> str | None:
+    """The ``client_name`` of a sentinel URL's query, the only option it takes."""
+    try:
+        options = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise ConfigurationError(f"{url!r}: unreadable query {query!r}") from None
+    unknown = sorted(set(options) - {"client_name"})
+    if unknown:
+        raise ConfigurationError(f"{url!r}: a redis+sentinel:// URL takes only client_name,"
+                                 f" not {', '.join(unknown)}")
+    names = options.get("client_name")
+    return names[-1] if names else None
 
 
 def parse_sentinel_url(url: str) -> SentinelTarget:
@@ -97,6 +113,8 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in ("redis" + SENTINEL_SUFFIX, "rediss" + SENTINEL_SUFFIX):
         raise ConfigurationError(f"not a redis+sentinel:// URL: {url!r}")
+    rest, _, query = rest.partition("?")
+    client_name = _sentinel_query(url, query)
     netloc, _, path = rest.partition("/")
     credentials, at, hosts = netloc.rpartition("@")
     username = password = None
@@ -118,7 +136,7 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
         raise ConfigurationError(f"database {parts[1]!r} in {url!r} is not a number")
     return SentinelTarget(tuple(sentinels), unquote(parts[0]),
                           int(parts[1]) if len(parts) == 2 else 0,
-                          scheme.startswith("rediss"), username, password)
+                          scheme.startswith("rediss"), username, password, client_name)
 
 
 def _health(options: dict[str, Any]) -> dict[str, Any]:
@@ -139,6 +157,8 @@ def _sentinel_options(target: SentinelTarget, options: dict[str, Any]) -> dict[s
         options["username"] = target.username
     if target.password:
         options["password"] = target.password
+    if target.client_name:
+        options["client_name"] = target.client_name
     options["db"] = target.db
     return sentinel_kwargs
 
