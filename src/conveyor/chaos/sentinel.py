@@ -222,8 +222,9 @@ class SentinelSet:
 
     def failover(self, pause_writes: bool = True) -> str | None:
         """``SENTINEL FAILOVER``, coordinated (see the module's docstring) unless
-        ``pause_writes`` is false; None when the replica cannot be promoted right now
-        (still syncing after ``PROMOTABLE_TIMEOUT``). Returns what happened."""
+        ``pause_writes`` is false (then as Sentinel alone does it: the old primary takes
+        writes until the sentinels demote it); None when the replica cannot be promoted
+        right now (still syncing after ``PROMOTABLE_TIMEOUT``). Returns what happened."""
         with self.holding():
             old, new = self.primary(), self.replica()
             try:
@@ -236,7 +237,7 @@ class SentinelSet:
                 if pause_writes:
                     admin.client_pause(PAUSE_MS, all=False)  # writes only
                 try:
-                    done = self._promote(old, new, admin)
+                    done = self._promote(old, new, admin if pause_writes else None)
                 finally:
                     if pause_writes:
                         admin.client_unpause()
@@ -249,12 +250,17 @@ class SentinelSet:
         held = f", writes paused {paused:.1f} s" if pause_writes else ""
         return f"primary :{old.port} -> :{new.port}{held}"
 
-    def _promote(self, old: RedisProcess, new: RedisProcess, admin: redis.Redis) -> bool:
+    def _promote(self, old: RedisProcess, new: RedisProcess, admin: redis.Redis | None
+                 ) -> bool:
+        """Fail over to ``new``; with ``admin`` (a client of the paused old primary) wait
+        for the replica to catch up first and demote the old primary at the end."""
         def caught_up() -> bool:
+            assert admin is not None
             wanted = int(admin.info("replication")["master_repl_offset"])
             return int(_info(new, "replication")["master_repl_offset"]) >= wanted
 
-        _wait(caught_up, SETTLE_TIMEOUT, "the replica to catch up")
+        if admin is not None:
+            _wait(caught_up, SETTLE_TIMEOUT, "the replica to catch up")
         client = self.sentinel(0)
         try:
             client.sentinel_failover(SERVICE)
@@ -265,7 +271,9 @@ class SentinelSet:
         _wait(lambda: self._agreed(new.port)
               and _info(new, "replication")["role"] == "master", SETTLE_TIMEOUT,
               "every sentinel to name the new primary")
-        # Demoted before the pause ends: the writes it held are refused, never applied.
-        admin.replicaof("127.0.0.1", new.port)
+        if admin is not None:
+            # Demoted before the pause ends: the writes it held are refused, never applied.
+            admin.replicaof("127.0.0.1", new.port)
+        # (Without: the sentinels demote it themselves some seconds later.)
         new.replica_of, old.replica_of = None, new.port
         return True
