@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 import uuid
@@ -10,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 import conveyor
+from conveyor import clients
 from conveyor.clients import parse_sentinel_url
 from helpers import running_worker, wait_until
 from sentinel_helpers import SentinelSet
@@ -112,3 +115,62 @@ def _missing(job: conveyor.Job) -> bool:
     except conveyor.JobNotFound:
         return True
     return False
+
+
+def test_clients_leave_a_primary_the_sentinels_replaced(sentinels: SentinelSet) -> None:
+    """After a failover as Sentinel alone runs it (no write pause), the old primary keeps
+    taking writes until the sentinels demote it seconds later, and those writes are lost.
+    conveyor's clients ask the sentinels for the primary about once a second, so writes
+    acknowledged a few seconds after the sentinels named the new primary are never lost,
+    from the sync and the asyncio client alike."""
+    sync = clients.sync_client(sentinels.url)
+    acked: dict[str, list[tuple[float, str]]] = {"sync": [], "async": []}
+    stop = threading.Event()
+
+    def write_sync() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            with contextlib.suppress(Exception):
+                sync.set(f"sync:{n}", 1)
+                acked["sync"].append((time.monotonic(), f"sync:{n}"))
+
+    async def write_async() -> None:
+        client = clients.async_client(sentinels.url)
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                await client.set(f"async:{n}", 1)
+                acked["async"].append((time.monotonic(), f"async:{n}"))
+            except Exception:
+                await asyncio.sleep(0.01)
+        await client.aclose()
+
+    threads = [threading.Thread(target=write_sync, daemon=True),
+               threading.Thread(target=lambda: asyncio.run(write_async()), daemon=True)]
+    try:
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(acked["sync"]) > 100 and len(acked["async"]) > 100, 15,
+                   message="writes flowing")
+        old = sentinels.primary()
+        sentinels.failover(pause_writes=False)
+        switched = time.monotonic()
+        wait_until(lambda: old.client().info("replication")["role"] == "slave", 40, 0.2,
+                   "the sentinels to demote the old primary")
+        time.sleep(1.0)
+        stop.set()
+        for t in threads:
+            t.join(15)
+        fresh = clients.sync_client(sentinels.url)
+        for name, writes in acked.items():
+            late = [key for at, key in writes if at > switched + 3.0]
+            lost = [key for key in late if not fresh.exists(key)]
+            print(f"{name}: {len(late)} writes acknowledged 3 s after the switch, {len(lost)}"
+                  " lost")
+            assert late and not lost, f"{name}: {len(lost)} of {len(late)} lost"
+        fresh.close()
+    finally:
+        stop.set()
+        sync.close()

@@ -16,6 +16,13 @@ A URL whose scheme ends in ``+sentinel`` names Redis Sentinels, a service and a 
 the sentinels for the current primary and follow it across failovers. ``client_name``
 names the connections to the servers (``CLIENT LIST`` shows it), as in a plain URL.
 
+redis-py's Sentinel clients ask the sentinels only when they open a connection, and an
+open connection learns of a failover only from an error. A Sentinel failover leaves the
+old primary taking writes for seconds after the sentinels named the new one (until they
+demote it), and those writes are lost; so conveyor's Sentinel clients ask the sentinels
+again at most once a second when they hand out a connection, and close their idle
+connections to a primary the sentinels replaced.
+
 Every client notices a dead peer within seconds, not after TCP's minutes: connections
 time out on connect and on reads (a blocking reader passes a longer ``socket_timeout`` of
 its own), use TCP keepalive, and are health-checked with a PING when idle for a while.
@@ -23,6 +30,8 @@ its own), use TCP keepalive, and are health-checked with a PING when idle for a 
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -47,6 +56,47 @@ class HiredisPackedConnection(AsyncConnection):
     def pack_command(self, *args: Any) -> list[bytes]:
         packed: list[bytes] = self._serializer.pack(*args)
         return packed
+
+
+FOLLOW_SECONDS = 1.0  # a Sentinel client asks the sentinels for the primary this often
+_FOLLOW_ERRORS = (redis.exceptions.RedisError, OSError)
+# redis-py's Sentinel pools carry no annotations; typed here once.
+_SyncSentinelPool: Any = redis.sentinel.SentinelConnectionPool
+_AsyncSentinelPool: Any = redis.asyncio.sentinel.SentinelConnectionPool
+
+
+class FollowingSentinelPool(_SyncSentinelPool):  # type: ignore[misc]
+    """A Sentinel pool that notices a failover without waiting for an error: about once a
+    second, handing out a connection, it asks the sentinels for the primary; redis-py then
+    closes the idle connections to a primary that was replaced."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._asked = time.monotonic()
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        now = time.monotonic()
+        if now - self._asked >= FOLLOW_SECONDS:
+            self._asked = now
+            with contextlib.suppress(*_FOLLOW_ERRORS):  # unreachable: the connect will say
+                self.get_master_address()
+        return super().get_connection(*args, **kwargs)
+
+
+class AsyncFollowingSentinelPool(_AsyncSentinelPool):  # type: ignore[misc]
+    """:class:`FollowingSentinelPool` for asyncio clients."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._asked = time.monotonic()
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        now = time.monotonic()
+        if now - self._asked >= FOLLOW_SECONDS:
+            self._asked = now
+            with contextlib.suppress(*_FOLLOW_ERRORS):
+                await self.get_master_address()
+        return await super().get_connection(*args, **kwargs)
 
 
 CLUSTER_SUFFIX = "+cluster"
@@ -183,7 +233,8 @@ def sync_client(url: str, **options: Any) -> Any:
         sentinel_kwargs = _sentinel_options(target, options)
         sentinel = _SyncSentinel(list(target.sentinels),
                                            sentinel_kwargs=sentinel_kwargs, **options)
-        return sentinel.master_for(target.service, **options)
+        return sentinel.master_for(target.service, connection_pool_class=FollowingSentinelPool,
+                                   **options)
     options.setdefault("max_connections", POOL_SIZE)
     options.setdefault("timeout", POOL_WAIT)
     return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
@@ -203,7 +254,8 @@ def async_client(url: str, **options: Any) -> Any:
         sentinel_kwargs = _sentinel_options(target, options)
         sentinel = _AsyncSentinel(list(target.sentinels),
                                                    sentinel_kwargs=sentinel_kwargs, **options)
-        return sentinel.master_for(target.service, **options)
+        return sentinel.master_for(target.service,
+                                   connection_pool_class=AsyncFollowingSentinelPool, **options)
     if urlparse(url).scheme == "redis":
         options.setdefault("connection_class", HiredisPackedConnection)
     options.setdefault("max_connections", POOL_SIZE)
