@@ -174,3 +174,35 @@ def test_clients_leave_a_primary_the_sentinels_replaced(sentinels: SentinelSet) 
     finally:
         stop.set()
         sync.close()
+
+
+def test_a_primary_killed_past_down_after_stays_primary_and_keeps_its_jobs(
+        sentinels: SentinelSet) -> None:
+    """The chaos run's Redis kill on a Sentinel set: the sentinels are held from failing
+    over (an unplanned failover could lose acknowledged writes), the primary comes back
+    from its append-only file in its role, and every job whose enqueue returned is there."""
+    app = conveyor.Conveyor(sentinels.url, namespace=f"s{uuid.uuid4().hex[:8]}")
+
+    @app.task(name="noop")
+    def noop() -> None:
+        return None
+
+    try:
+        jobs = [noop.enqueue() for _ in range(200)]
+        primary = sentinels.primary()
+        detail = sentinels.crash(lambda: (time.sleep(2.5), 2.5)[1])  # past down-after (1 s)
+        assert detail == f"primary :{primary.port} down 2.5 s"
+        assert sentinels.primary().port == primary.port
+        assert primary.client().info("replication")["role"] == "master"
+        wait_until(lambda: all(_present(j) for j in jobs), 20, 0.2, "the jobs back")
+        states = {job.info().state for job in jobs}
+        assert states == {conveyor.JobState.READY}, states
+    finally:
+        app.close()
+
+
+def _present(job: conveyor.Job) -> bool:
+    try:
+        return not _missing(job)
+    except Exception:  # the client reconnecting after the restart
+        return False

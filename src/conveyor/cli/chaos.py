@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 @main.command()
 @click.option("--profile", type=click.Choice(["ci", "long"]), default="ci", show_default=True,
-              help="ci: 1,500 jobs and 60 s of faults on one server, then 600 jobs and 30 s"
+              help="ci: 1,500 jobs and 60 s of faults on one server, then 600 jobs and 40 s"
                    " on a Sentinel set, under 2.5 minutes; long: 12,000 jobs and 10 minutes,"
                    " then 6,000 jobs and 5 minutes.")
 @click.option("--topology", type=click.Choice(["plain", "sentinel", "both"]), default="both",
