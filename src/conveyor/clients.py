@@ -11,9 +11,17 @@ node owning its key's slot. Every key of a queue carries the queue's hash tag, s
 script call lands on one node.
 
 A URL whose scheme ends in ``+sentinel`` names Redis Sentinels, a service and a database:
-``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``
+``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db][?client_name=x]``
 (``rediss+sentinel://`` for TLS to the servers and the sentinels). The clients then ask
-the sentinels for the current primary and follow it across failovers.
+the sentinels for the current primary and follow it across failovers. ``client_name``
+names the connections to the servers (``CLIENT LIST`` shows it), as in a plain URL.
+
+redis-py's Sentinel clients ask the sentinels only when they open a connection, and an
+open connection learns of a failover only from an error. A Sentinel failover leaves the
+old primary taking writes for seconds after the sentinels named the new one (until they
+demote it), and those writes are lost; so conveyor's Sentinel clients ask the sentinels
+again at most once a second when they hand out a connection, and close their idle
+connections to a primary the sentinels replaced.
 
 Every client notices a dead peer within seconds, not after TCP's minutes: connections
 time out on connect and on reads (a blocking reader passes a longer ``socket_timeout`` of
@@ -22,9 +30,11 @@ its own), use TCP keepalive, and are health-checked with a PING when idle for a 
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 import redis
 import redis.asyncio
@@ -46,6 +56,47 @@ class HiredisPackedConnection(AsyncConnection):
     def pack_command(self, *args: Any) -> list[bytes]:
         packed: list[bytes] = self._serializer.pack(*args)
         return packed
+
+
+FOLLOW_SECONDS = 1.0  # a Sentinel client asks the sentinels for the primary this often
+_FOLLOW_ERRORS = (redis.exceptions.RedisError, OSError)
+# redis-py's Sentinel pools carry no annotations; typed here once.
+_SyncSentinelPool: Any = redis.sentinel.SentinelConnectionPool
+_AsyncSentinelPool: Any = redis.asyncio.sentinel.SentinelConnectionPool
+
+
+class FollowingSentinelPool(_SyncSentinelPool):  # type: ignore[misc]
+    """A Sentinel pool that notices a failover without waiting for an error: about once a
+    second, handing out a connection, it asks the sentinels for the primary; redis-py then
+    closes the idle connections to a primary that was replaced."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._asked = time.monotonic()
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        now = time.monotonic()
+        if now - self._asked >= FOLLOW_SECONDS:
+            self._asked = now
+            with contextlib.suppress(*_FOLLOW_ERRORS):  # unreachable: the connect will say
+                self.get_master_address()
+        return super().get_connection(*args, **kwargs)
+
+
+class AsyncFollowingSentinelPool(_AsyncSentinelPool):  # type: ignore[misc]
+    """:class:`FollowingSentinelPool` for asyncio clients."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._asked = time.monotonic()
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        now = time.monotonic()
+        if now - self._asked >= FOLLOW_SECONDS:
+            self._asked = now
+            with contextlib.suppress(*_FOLLOW_ERRORS):
+                await self.get_master_address()
+        return await super().get_connection(*args, **kwargs)
 
 
 CLUSTER_SUFFIX = "+cluster"
@@ -87,6 +138,21 @@ class SentinelTarget:
     tls: bool
     username: str | None
     password: str | None
+    client_name: str | None = None
+
+
+def _sentinel_query(url: str, query: str) -> str | None:
+    """The ``client_name`` of a sentinel URL's query, the only option it takes."""
+    try:
+        options = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise ConfigurationError(f"{url!r}: unreadable query {query!r}") from None
+    unknown = sorted(set(options) - {"client_name"})
+    if unknown:
+        raise ConfigurationError(f"{url!r}: a redis+sentinel:// URL takes only client_name,"
+                                 f" not {', '.join(unknown)}")
+    names = options.get("client_name")
+    return names[-1] if names else None
 
 
 def parse_sentinel_url(url: str) -> SentinelTarget:
@@ -97,6 +163,8 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in ("redis" + SENTINEL_SUFFIX, "rediss" + SENTINEL_SUFFIX):
         raise ConfigurationError(f"not a redis+sentinel:// URL: {url!r}")
+    rest, _, query = rest.partition("?")
+    client_name = _sentinel_query(url, query)
     netloc, _, path = rest.partition("/")
     credentials, at, hosts = netloc.rpartition("@")
     username = password = None
@@ -118,7 +186,7 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
         raise ConfigurationError(f"database {parts[1]!r} in {url!r} is not a number")
     return SentinelTarget(tuple(sentinels), unquote(parts[0]),
                           int(parts[1]) if len(parts) == 2 else 0,
-                          scheme.startswith("rediss"), username, password)
+                          scheme.startswith("rediss"), username, password, client_name)
 
 
 def _health(options: dict[str, Any]) -> dict[str, Any]:
@@ -139,6 +207,8 @@ def _sentinel_options(target: SentinelTarget, options: dict[str, Any]) -> dict[s
         options["username"] = target.username
     if target.password:
         options["password"] = target.password
+    if target.client_name:
+        options["client_name"] = target.client_name
     options["db"] = target.db
     return sentinel_kwargs
 
@@ -163,7 +233,8 @@ def sync_client(url: str, **options: Any) -> Any:
         sentinel_kwargs = _sentinel_options(target, options)
         sentinel = _SyncSentinel(list(target.sentinels),
                                            sentinel_kwargs=sentinel_kwargs, **options)
-        return sentinel.master_for(target.service, **options)
+        return sentinel.master_for(target.service, connection_pool_class=FollowingSentinelPool,
+                                   **options)
     options.setdefault("max_connections", POOL_SIZE)
     options.setdefault("timeout", POOL_WAIT)
     return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
@@ -183,7 +254,8 @@ def async_client(url: str, **options: Any) -> Any:
         sentinel_kwargs = _sentinel_options(target, options)
         sentinel = _AsyncSentinel(list(target.sentinels),
                                                    sentinel_kwargs=sentinel_kwargs, **options)
-        return sentinel.master_for(target.service, **options)
+        return sentinel.master_for(target.service,
+                                   connection_pool_class=AsyncFollowingSentinelPool, **options)
     if urlparse(url).scheme == "redis":
         options.setdefault("connection_class", HiredisPackedConnection)
     options.setdefault("max_connections", POOL_SIZE)

@@ -8,14 +8,17 @@ connections killed, out-of-memory spells, proxy black holes, poison jobs, cancel
 the queue settle and then checks the ledger the tasks wrote against what conveyor
 recorded (:mod:`conveyor.chaos.invariants`).
 
+The jobs' Redis is one server, or a Sentinel set (a primary, a replica, three sentinels:
+:mod:`~conveyor.chaos.sentinel`) whose faults include coordinated failovers.
+
 Modules: :mod:`~conveyor.chaos.tasks` (the tasks and their ledger), :mod:`~.servers`,
-:mod:`~.fleet` (worker processes), :mod:`~.producer`, :mod:`~.faults`, :mod:`~.gather`,
-:mod:`~.invariants`, :mod:`~.report`, :mod:`~.runner`.
+:mod:`~.sentinel`, :mod:`~.fleet` (worker processes), :mod:`~.producer`, :mod:`~.faults`,
+:mod:`~.gather`, :mod:`~.invariants`, :mod:`~.report`, :mod:`~.runner`.
 """
 
 from __future__ import annotations
 
-from .profiles import PROFILES, Profile
+from .profiles import PROFILES, SENTINEL_PROFILES, Profile
 from .runner import ChaosRun
 
-__all__ = ["PROFILES", "ChaosRun", "Profile"]
+__all__ = ["PROFILES", "SENTINEL_PROFILES", "ChaosRun", "Profile"]

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
@@ -24,13 +24,14 @@ from .fleet import Fleet
 from .servers import CLIENT_NAME, RedisProcess
 from .tasks import POISON_RETRIES, WORK_VT
 
-__all__ = ["FAULT_KINDS", "Fault", "Injector", "PoisonHook"]
+__all__ = ["FAULT_KINDS", "Fault", "Injector", "JobsRedis", "PoisonHook"]
 
 # kind -> what it does (the report's wording)
 FAULT_KINDS = {
     "worker-kill": "SIGKILL of a worker process",
     "worker-pause": "SIGSTOP of a worker process past its leases, then SIGCONT",
     "redis-kill": "SIGKILL of Redis, restart on the same port and folder (AOF)",
+    "failover": "SENTINEL FAILOVER, writes paused until the replica caught up",
     "client-kill": "CLIENT KILL of every worker connection",
     "oom": "maxmemory just above used memory for a few seconds (OOM replies)",
     "proxy-blackhole": "proxy between a worker and Redis swallows traffic for a while",
@@ -44,6 +45,26 @@ FAULT_KINDS = {
 MIN_VICTIM_AGE = 1.5  # seconds: a worker still importing is not worth killing
 
 PoisonHook = Callable[[str], str | None]  # kind -> label of the job enqueued, or None
+SENTINEL_SPARED = "sentinel-"  # name prefix of the sentinels' connections to a server
+
+
+class JobsRedis(Protocol):
+    """The jobs' Redis: one server (:class:`~.servers.SingleRedis`) or a Sentinel set
+    (:class:`~.sentinel.SentinelSet`). Faults at "the server" act on its current primary;
+    only a set ``fails_over``."""
+
+    fails_over: bool
+
+    @property
+    def url(self) -> str: ...
+
+    def stop(self) -> None: ...
+
+    def primary(self) -> RedisProcess: ...
+
+    def crash(self, hold: Callable[[], float]) -> str: ...
+
+    def failover(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +86,7 @@ class Fault:
 class Injector:
     """Runs fault episodes against the run's servers and worker processes.
 
-    :param server: the jobs' Redis
+    :param target: the jobs' Redis
     :param fleet: the worker processes
     :param rng: the run's seeded generator
     :param poison: enqueues a poison job of a kind (``"raise"``, ...); returns its label
@@ -74,10 +95,10 @@ class Injector:
     :param proxy: the proxy between one slot and Redis, when the run has one
     """
 
-    def __init__(self, server: RedisProcess, fleet: Fleet, rng: random.Random,
+    def __init__(self, target: JobsRedis, fleet: Fleet, rng: random.Random,
                  poison: PoisonHook, cancel: Callable[[], str | None], stop: threading.Event,
                  proxy: Any = None) -> None:
-        self.server = server
+        self.target = target
         self.fleet = fleet
         self.rng = rng
         self.poison_hook = poison
@@ -88,9 +109,11 @@ class Injector:
         self.redis_lock = threading.Lock()  # held while Redis is down (the run waits on it)
 
     def available(self, kinds: dict[str, float]) -> dict[str, float]:
-        """The kinds that can be injected in this run (proxy faults need a proxy)."""
+        """The kinds that can be injected in this run (proxy faults need a proxy, failovers
+        a Sentinel set)."""
         return {k: w for k, w in kinds.items()
-                if w > 0 and (self.proxy is not None or not k.startswith("proxy-"))}
+                if w > 0 and (self.proxy is not None or not k.startswith("proxy-"))
+                and (k != "failover" or self.target.fails_over)}
 
     def inject(self, kind: str) -> Fault | None:
         """Run one episode of ``kind``; None when there was nothing to hit."""
@@ -133,22 +156,27 @@ class Injector:
 
     def _redis_kill(self) -> tuple[str, int] | None:
         with self.redis_lock:
-            self.server.kill()
-            try:
-                seconds = self._hold(0.2, WORK_VT + 1.5)  # past the leases, at times
-            finally:
-                self.server.start()
-        return f"down {seconds:g} s", self.fleet.capacity
+            # Past the leases, at times. On a Sentinel set the current primary is killed.
+            detail = self.target.crash(lambda: self._hold(0.2, WORK_VT + 1.5))
+        return detail, self.fleet.capacity
+
+    def _failover(self) -> tuple[str, int] | None:
+        # Every worker's leases may lapse while writes are paused and clients find the new
+        # primary; no acknowledged write is at risk (the replica caught up first).
+        with self.redis_lock:
+            detail = self.target.failover()
+        return None if detail is None else (detail, self.fleet.capacity)
 
     def _admin(self) -> redis.Redis:
-        return self.server.client()
+        return self.target.primary().client()
 
     def _client_kill(self) -> tuple[str, int] | None:
         client = self._admin()
         try:
             me = client.client_id()
             ids = [c["id"] for c in client.client_list(_type="normal")
-                   if c.get("name") != CLIENT_NAME and int(c["id"]) != me]
+                   if c.get("name") != CLIENT_NAME and int(c["id"]) != me
+                   and not str(c.get("name", "")).startswith(SENTINEL_SPARED)]
             killed = 0
             for i in ids:
                 with contextlib.suppress(redis.exceptions.ResponseError):  # already gone

@@ -1,12 +1,21 @@
-"""How long and how hard a chaos run is: the ``ci`` profile fits in a CI job (under three
-minutes on two cores), the ``long`` profile runs for more than ten minutes."""
+"""How long and how hard a chaos run is: the ``ci`` profile fits in a CI job (about two
+minutes on two cores, both topologies), the ``long`` profile runs for more than fifteen
+minutes.
+
+Each profile has two phases, one per topology of the jobs' Redis: ``plain`` (one server,
+reached directly and through a proxy) and ``sentinel`` (a primary, a replica and three
+sentinels, with failovers among the faults). The sentinel phase is shorter: what it adds
+is the failover and following the primary; the other faults are the same.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["PROFILES", "Profile"]
+__all__ = ["PROFILES", "SENTINEL_PROFILES", "TOPOLOGIES", "Profile"]
+
+TOPOLOGIES = ("plain", "sentinel")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +34,7 @@ class Profile:
     :param delayed_share: share of work jobs enqueued with a delay
     :param max_delay: longest delay (s)
     :param weights: fault kind -> relative frequency (each kind also comes once early)
+    :param topology: ``plain`` (one server) or ``sentinel`` (primary, replica, sentinels)
     """
 
     name: str
@@ -40,6 +50,7 @@ class Profile:
     delayed_share: float
     max_delay: float
     weights: dict[str, float]
+    topology: str = "plain"
 
     def replace(self, **changes: object) -> Profile:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -49,6 +60,7 @@ WEIGHTS = {
     "worker-kill": 3.0, "worker-pause": 2.0, "redis-kill": 2.0, "client-kill": 2.0,
     "oom": 2.0, "proxy-blackhole": 1.5, "proxy-reset": 1.5, "poison-raise": 0.7,
     "poison-kill": 0.5, "poison-exit": 0.5, "poison-hang": 0.5, "cancel": 1.0,
+    "failover": 3.0,  # a Sentinel set only
 }
 
 PROFILES = {
@@ -60,4 +72,15 @@ PROFILES = {
                     fault_seconds=600.0, enqueue_seconds=560.0, settle_seconds=180.0,
                     gap=(0.5, 2.5), task_seconds=0.4, delayed_share=0.1, max_delay=20.0,
                     weights=WEIGHTS),
+}
+
+# Failovers come often on a Sentinel set: they are what its phase is for.
+SENTINEL_WEIGHTS = {**WEIGHTS, "failover": 8.0}
+
+SENTINEL_PROFILES = {
+    "ci": PROFILES["ci"].replace(jobs=600, fault_seconds=40.0, enqueue_seconds=35.0,
+                                 settle_seconds=60.0, weights=SENTINEL_WEIGHTS,
+                                 topology="sentinel"),
+    "long": PROFILES["long"].replace(jobs=6000, fault_seconds=300.0, enqueue_seconds=280.0,
+                                     weights=SENTINEL_WEIGHTS, topology="sentinel"),
 }

@@ -1,6 +1,6 @@
-"""A chaos run from start to end: private servers, worker processes, the producer and
-the fault schedule in their threads, a progress display, then the settle, the checks and
-the report."""
+"""A chaos run from start to end: private servers (one server for the jobs, or a Sentinel
+set), worker processes, the producer and the fault schedule in their threads, a progress
+display, then the settle, the checks and the report."""
 
 from __future__ import annotations
 
@@ -18,20 +18,25 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import gather
-from .faults import Fault, Injector
+from .faults import Fault, Injector, JobsRedis
 from .fleet import Fleet, Slot
 from .invariants import FINAL, Check, Evidence, check
 from .producer import Producer
 from .profiles import Profile
 from .proxy import ProxyLink, open_proxy
 from .report import print_report, write_fault_log
-from .servers import CLIENT_NAME, RedisProcess, redis_server_binary
+from .sentinel import SentinelSet
+from .servers import CLIENT_NAME, RedisProcess, SingleRedis, redis_server_binary
 from .tasks import QUEUE, ChaosTasks
 
 __all__ = ["ChaosRun"]
 
 POLL = 0.5  # seconds between two looks at the jobs' states (progress, settle)
 ERRORS = (redis.exceptions.RedisError, OSError)
+TOPOLOGY_NAMES = {"plain": "one server", "sentinel": "primary, replica, 3 sentinels"}
+NO_PROXY = ("workers learn the primary's address from the sentinels: a proxy in front of"
+            " one server would not follow a failover")
+NO_FAILOVER = "one server has no replica to promote (the sentinel topology injects it)"
 
 
 class ChaosRun:
@@ -64,25 +69,26 @@ class ChaosRun:
         if binary is None:
             raise RuntimeError("redis-server is not installed (Debian/Ubuntu: apt-get install"
                                " redis-server; macOS: brew install redis)")
-        self.console.print(f"conveyor chaos: profile [bold]{self.profile.name}[/bold],"
-                           f" seed [bold]{self.seed}[/bold] (logs in {self.folder})")
-        servers: list[RedisProcess] = []
+        topology = self.profile.topology
+        self.console.print(f"conveyor chaos: profile [bold]{self.profile.name}[/bold], topology"
+                           f" [bold]{topology}[/bold] ({TOPOLOGY_NAMES[topology]}), seed"
+                           f" [bold]{self.seed}[/bold] (logs in {self.folder})")
+        servers: list[RedisProcess | JobsRedis] = []
         proxy: ProxyLink | None = None
         fleet: Fleet | None = None
         tasks: ChaosTasks | None = None
         try:
-            server = RedisProcess(binary, self.folder / "redis", durable=True).start()
-            servers.append(server)
+            target = self._jobs_redis(binary)
+            servers.append(target)
+            target.start()
             ledger = RedisProcess(binary, self.folder / "ledger", durable=False).start()
             servers.append(ledger)
-            proxy, reason = open_proxy(server.port)
-            if proxy is None:
-                self.skipped.update({"proxy-blackhole": reason, "proxy-reset": reason})
-            tasks = ChaosTasks(f"{server.url}?client_name={CLIENT_NAME}",
+            proxy = self._proxy(target)
+            tasks = ChaosTasks(f"{target.url}?client_name={CLIENT_NAME}",
                                f"chaos-{self.seed}", ledger.url)
-            fleet = self._fleet(server, ledger, proxy)
+            fleet = self._fleet(target.url, ledger, proxy)
             began = time.monotonic()
-            producer = self._drive(server, fleet, tasks, proxy)
+            producer = self._drive(target, fleet, tasks, proxy)
             fleet.stop()
             self.restarts = fleet.restarts
             return self._verdict(tasks, producer, time.monotonic() - began)
@@ -99,23 +105,39 @@ class ChaosRun:
 
     # -- set-up ----------------------------------------------------------------------------
 
+    def _jobs_redis(self, binary: str) -> SingleRedis | SentinelSet:
+        if self.profile.topology == "sentinel":
+            return SentinelSet(binary, self.folder / "sentinel")
+        return SingleRedis(binary, self.folder)
+
+    def _proxy(self, target: SingleRedis | SentinelSet) -> ProxyLink | None:
+        """The proxy in front of one worker (one server only); records what is skipped."""
+        if isinstance(target, SentinelSet):
+            self.skipped.update({"proxy-blackhole": NO_PROXY, "proxy-reset": NO_PROXY})
+            return None
+        self.skipped["failover"] = NO_FAILOVER
+        proxy, reason = open_proxy(target.primary().port)
+        if proxy is None:
+            self.skipped.update({"proxy-blackhole": reason, "proxy-reset": reason})
+        return proxy
+
     def _env(self, url: str, ledger: RedisProcess) -> dict[str, str]:
         env = dict(os.environ)
         env.update(CONVEYOR_REDIS_URL=url, CONVEYOR_CHAOS_LEDGER=ledger.url,
                    CONVEYOR_CHAOS_NAMESPACE=f"chaos-{self.seed}", PYTHONUNBUFFERED="1")
         return env
 
-    def _fleet(self, server: RedisProcess, ledger: RedisProcess, proxy: ProxyLink | None
+    def _fleet(self, server_url: str, ledger: RedisProcess, proxy: ProxyLink | None
                ) -> Fleet:
         p = self.profile
         slots = []
         for i in range(p.plain_workers):
             # The first worker reaches Redis through the proxy, when there is one.
-            url = proxy.url if proxy is not None and i == 0 else server.url
+            url = proxy.url if proxy is not None and i == 0 else server_url
             slots.append(Slot(f"worker{i}", self.folder, self._env(url, ledger),
                               p.concurrency, None))
         if p.supervised:
-            slots.append(Slot("supervisor", self.folder, self._env(server.url, ledger),
+            slots.append(Slot("supervisor", self.folder, self._env(server_url, ledger),
                               p.concurrency, p.supervised))
         fleet = Fleet(slots)
         if proxy is not None:
@@ -125,10 +147,10 @@ class ChaosRun:
 
     # -- the run ---------------------------------------------------------------------------
 
-    def _drive(self, server: RedisProcess, fleet: Fleet, tasks: ChaosTasks,
+    def _drive(self, target: JobsRedis, fleet: Fleet, tasks: ChaosTasks,
                proxy: ProxyLink | None) -> Producer:
         producer = Producer(tasks, self.profile, random.Random(self.seed), self.stop)
-        injector = Injector(server, fleet, random.Random(self.seed + 1), producer.poison,
+        injector = Injector(target, fleet, random.Random(self.seed + 1), producer.poison,
                             producer.cancel, self.stop, proxy)
         threads = [threading.Thread(target=producer.run, name="producer", daemon=True),
                    threading.Thread(target=self._schedule, args=(injector,), name="faults",
@@ -205,6 +227,9 @@ class ChaosRun:
     # -- the verdict -----------------------------------------------------------------------
 
     def _evidence(self, tasks: ChaosTasks, producer: Producer) -> Evidence:
+        # A fresh client: on a Sentinel set it asks the sentinels again, so the evidence is
+        # read from the primary, never from a connection left on a demoted one.
+        tasks.app.close()
         client, keys = tasks.app.redis, tasks.app.keys(QUEUE)
         jobs = producer.snapshot()
         records = gather.job_records(client, keys, jobs)

@@ -14,13 +14,14 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["RedisProcess", "free_port", "redis_server_binary"]
+__all__ = ["CLIENT_NAME", "RedisProcess", "SingleRedis", "free_port", "redis_server_binary"]
 
 START_TIMEOUT = 20.0  # seconds a (re)start may take, loading the append-only file included
 CLIENT_NAME = "conveyor-chaos"  # the run's own connections, spared by CLIENT KILL faults
@@ -44,6 +45,9 @@ class RedisProcess:
     :param folder: its working folder (append-only file, log)
     :param durable: AOF with fsync on every write and ``noeviction`` (the jobs' server);
         otherwise no persistence (the ledger's server, which suffers no faults)
+
+    ``replica_of`` is the port of the primary it replicates (None: it is a primary); a
+    restart starts it in the role it has now, so a Sentinel set's failovers carry over.
     """
 
     def __init__(self, binary: str, folder: Path, durable: bool) -> None:
@@ -51,6 +55,7 @@ class RedisProcess:
         self.folder = folder
         self.durable = durable
         self.port = free_port()
+        self.replica_of: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -58,10 +63,10 @@ class RedisProcess:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def client(self) -> redis.Redis:
+    def client(self, socket_timeout: float = 10) -> redis.Redis:
         """A client for the run's own commands (named, so CLIENT KILL faults spare it)."""
-        return redis.Redis(port=self.port, client_name=CLIENT_NAME, socket_timeout=10,
-                           retry=Retry(NoBackoff(), 0))
+        return redis.Redis(port=self.port, client_name=CLIENT_NAME,
+                           socket_timeout=socket_timeout, retry=Retry(NoBackoff(), 0))
 
     def start(self) -> RedisProcess:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -73,6 +78,8 @@ class RedisProcess:
                      "--maxmemory-policy", "noeviction"]
         else:
             args += ["--appendonly", "no"]
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         self.starts += 1
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
@@ -114,3 +121,43 @@ class RedisProcess:
         except subprocess.TimeoutExpired:
             self.kill()
         self.process = None
+
+
+class SingleRedis:
+    """The jobs' Redis as one server: what :class:`~conveyor.chaos.faults.Injector` needs
+    of the jobs' Redis, as :class:`~conveyor.chaos.sentinel.SentinelSet` also offers it.
+
+    :param binary: path of ``redis-server``
+    :param folder: the run's folder
+    """
+
+    fails_over = False
+
+    def __init__(self, binary: str, folder: Path) -> None:
+        self.server = RedisProcess(binary, folder / "redis", durable=True)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def start(self) -> SingleRedis:
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def primary(self) -> RedisProcess:
+        return self.server
+
+    def crash(self, hold: Callable[[], float]) -> str:
+        """SIGKILL the server, wait ``hold()``, start it again on its port and folder."""
+        self.server.kill()
+        try:
+            seconds = hold()
+        finally:
+            self.server.start()
+        return f"down {seconds:g} s"
+
+    def failover(self) -> str | None:
+        return None  # one server has no replica to promote
