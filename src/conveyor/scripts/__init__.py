@@ -31,6 +31,8 @@ SCRIPT_NAMES = (
     "cancel",
     "requeue_dead",
     "purge_dead",
+    "progress",
+    "step",
 )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..alerts import alerter_for
@@ -29,9 +30,13 @@ HOOK_READ_TRIES = 8  # about 10 s of back-off
 
 
 class Outbox:
-    def __init__(self, app: Conveyor, runner: Any) -> None:
+    def __init__(self, app: Conveyor, runner: Any,
+                 before_flush: Callable[[], Awaitable[None]] | None = None) -> None:
+        """:param before_flush: awaited before outcomes are sent (the worker writes the
+            progress still pending, which the outcomes would make too late to write)"""
         self.app = app
         self.runner = runner
+        self.before_flush = before_flush
         self.pending: dict[str, list[calls.Outcome]] = {}
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
@@ -69,6 +74,11 @@ class Outbox:
                 self._idle.set()
 
     async def _flush_once(self) -> None:
+        if self.before_flush is not None:
+            try:
+                await self.before_flush()
+            except ERRORS as exc:  # progress is not worth holding outcomes back for
+                log.debug("could not write pending progress before outcomes: %s", exc)
         for queue in list(self.pending):
             batch = self.pending.pop(queue, [])
             if not batch:
