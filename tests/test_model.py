@@ -155,11 +155,11 @@ class QueueMachine(RuleBasedStateMachine):
         if token != model.tokens[-1]:
             assert result.codes == [calls.FINISH_REFUSED]
             return
+        spent = outcome == "retry" and model.attempts >= model.max_attempts
+        snoozed_out = outcome == "snooze" and model.snoozes >= SNOOZE_CAP
         if model.cancel:
             outcome = "cancelled"  # whatever a cancelled run reports
-        elif outcome == "retry" and model.attempts >= model.max_attempts:
-            outcome = "dead"
-        elif outcome == "snooze" and model.snoozes >= SNOOZE_CAP:
+        elif spent or snoozed_out:
             outcome = "dead"
         elif outcome == "snooze":
             model.snoozes += 1
