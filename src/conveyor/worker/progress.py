@@ -37,6 +37,8 @@ class ProgressWriter:
         self._pending: dict[int, tuple[Any, float, str]] = {}
         self._woken = False
         self._wake = asyncio.Event()
+        # One write at a time, so that a newer value never lands before an older one.
+        self._writing = asyncio.Lock()
         self.writes = 0  # job progress fields written (accepted or refused)
         self.calls = 0  # script calls sent
 
@@ -63,12 +65,23 @@ class ProgressWriter:
             await self.flush()
             await asyncio.sleep(INTERVAL)
 
-    async def flush(self) -> None:
-        """Write everything pending now. On a Redis error what was taken is put back
-        (unless newer reports replaced it) and the error is raised."""
+    async def flush(self, only: set[tuple[str, str]] | None = None) -> None:
+        """Write what is pending now: everything, or the jobs ``only`` names as (queue,
+        short id). On a Redis error what was taken is put back (unless newer reports
+        replaced it) and the error is raised."""
+        async with self._writing:
+            await self._write_pending(only)
+
+    async def _write_pending(self, only: set[tuple[str, str]] | None) -> None:
         with self._lock:
-            pending, self._pending = self._pending, {}
-            self._woken = False
+            if only is None:
+                pending, self._pending = self._pending, {}
+                self._woken = False
+            else:
+                pending = {key: item for key, item in self._pending.items()
+                           if (item[0].queue, item[0].leased.short_id) in only}
+                for key in pending:
+                    del self._pending[key]
         by_queue: dict[str, list[tuple[int, Any, float, str]]] = {}
         for key, (held, fraction, note) in pending.items():
             by_queue.setdefault(held.queue, []).append((key, held, fraction, note))
