@@ -139,7 +139,7 @@ class JobContext:
             return result
         if code == calls.STEP_KEPT:
             return self._app.codec.decode_result(value)
-        if code == calls.STEP_CANCELLING:
+        if code == calls.STEP_CANCELLING or self._held.cancel_requested:
             self._held.cancel_requested = True
             raise LeaseLost(self.id, f"step {name!r} not recorded: the job is being cancelled")
         raise LeaseLost(self.id, f"step {name!r} not recorded: this run lost its lease")
