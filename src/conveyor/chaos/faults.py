@@ -39,8 +39,7 @@ FAULT_KINDS = {
     "poison-kill": "a job whose task SIGKILLs its worker process",
     "poison-exit": "a job whose task leaves its process with os._exit",
     "poison-hang": "a job whose sync task sleeps far past its timeout",
-    "cancel": "cancel of a delayed job before it is due",
-    "cancel-running": "cancel of a work job while it runs",
+    "cancel": "cancel of a delayed job before it is due, and of a work job while it runs",
 }
 MIN_VICTIM_AGE = 1.5  # seconds: a worker still importing is not worth killing
 
@@ -205,9 +204,5 @@ class Injector:
         return self._poison("hang", 0)
 
     def _cancel(self) -> tuple[str, int] | None:
-        label = self.cancel_hook()
-        return None if label is None else (label, 0)
-
-    def _cancel_running(self) -> tuple[str, int] | None:
-        label = self.cancel_running_hook()
-        return None if label is None else (label, 0)
+        labels = [label for label in (self.cancel_hook(), self.cancel_running_hook()) if label]
+        return (", ".join(labels), 0) if labels else None
