@@ -390,3 +390,15 @@ def test_progress_refuses_values_outside_0_to_1(app: conveyor.Conveyor) -> None:
     with running_worker(app, concurrency=1):
         bad_progress.enqueue().result(timeout=10)
     assert len(errors) == 3
+
+
+def test_conveyor_job_shows_progress(app: conveyor.Conveyor) -> None:
+    k = app.keys("q")
+    app.scripts.run(calls.enqueue(k, calls.JobSpec(task="t"), [("a", b"[[],{}]")], app.limits))
+    leased = app.scripts.run(calls.fetch(k, 1, app.limits)).jobs[0]
+    assert app.scripts.run(calls.progress(k, [("a", leased.token, 0.4, "400 of 1000")])) == [1]
+    shown = subprocess.run([CONVEYOR, "job", "--url", app.url, "--namespace", app.namespace,
+                            "q~a"], capture_output=True, text=True, timeout=30,
+                           env=env_with_src() | {"COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stderr
+    assert "40%  400 of 1000" in shown.stdout
