@@ -13,7 +13,7 @@ import pytest
 import redis
 
 import conveyor
-from helpers import RedisServer
+from helpers import RedisServer, running_worker, wait_until
 
 
 @pytest.fixture
@@ -90,3 +90,32 @@ def test_single_writes_are_all_or_nothing_under_oom(
     assert scheduled.info().state == "scheduled" and ready.info().state == "ready"
     client.config_set("maxmemory", 0)
     assert one.enqueue(8).info().state == "ready"
+
+
+def test_dead_letters_under_oom_requeue_whole_or_not_at_all_and_purge_frees(
+        tight: tuple[RedisServer, conveyor.Conveyor]) -> None:
+    server, app = tight
+    client = server.client()
+
+    @app.task(name="bad", queue="q", retries=0)
+    def bad(n: int) -> None:
+        raise ValueError(n)
+
+    jobs = bad.enqueue_many([(i,) for i in range(20)])
+
+    with running_worker(app, queues=["q"], concurrency=4):
+        wait_until(lambda: len(app.dead_letters("q")) == 20, 20, message="20 dead")
+    _squeeze(client, 0)
+    filler = 0
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        while True:
+            client.set(f"filler:{filler}", "y" * 10_000)
+            filler += 1
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        app.dead_letters("q").requeue()
+    assert len(app.dead_letters("q")) == 20  # nothing requeued half-way
+    assert {job.info().state for job in jobs} == {"dead"}
+    # Purging only removes: it works in the spell, and frees memory for other writes.
+    assert app.dead_letters("q").purge() == 20
+    assert len(app.dead_letters("q")) == 0 and client.exists(app.keys("q").job(
+        jobs[0].short_id)) == 0

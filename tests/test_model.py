@@ -2,13 +2,14 @@
 compares Redis with a plain Python model after every step.
 
 The steps are the scripts every public call goes through (enqueue with priorities,
-tenants, delays and attempt limits; fetch; heartbeat and finish with current and stale
-tokens, also asking to snooze; release; cancel, also of running jobs; progress and steps
-with current and stale tokens; dead-letter requeue and purge) and the passage of time, through
-the scripts' ``now`` override, so that leases expire and delayed jobs come due without
-sleeping. After each step, for every job: its state and attempts; and for the queue: the
-ready count, jobs active per task, the lease, delayed and dead sets; each job's progress and
-recorded steps.
+tenants, delays, attempt limits and dedupe keys; fetch; heartbeat and finish with current
+and stale tokens, also asking to snooze; release; cancel, also of running jobs; progress
+and steps with current and stale tokens; dead-letter requeue and purge; pause and resume),
+the passage of time, through the scripts' ``now`` override, so that leases expire and
+delayed jobs come due without sleeping, and the expiry of records that carry a TTL (done at
+once with DEL, as Redis would do it when the TTL runs out). After each step, for every job:
+its state and attempts, progress and recorded steps; and for the queue: the ready count,
+jobs active per task, the lease, delayed and dead sets, and which job holds each dedupe key.
 
 ``CONVEYOR_MODEL_EXAMPLES`` raises the number of examples (default 75, for CI).
 """
@@ -45,10 +46,15 @@ class Model:
     due: float = 0.0  # ms, while scheduled or retrying
     lease: float = 0.0  # ms, while active
     tokens: list[str] = field(default_factory=list)  # every token handed out, last current
+    key: str = ""  # dedupe key it was enqueued with
     cancel: bool = False  # a cancel was asked while it ran
     snoozes: int = 0
     progress: float | None = None
     steps: set[str] = field(default_factory=set)
+
+
+UNFINISHED = ("scheduled", "ready", "active", "retrying")
+FINAL = ("succeeded", "dead", "cancelled")
 
 
 SERVER: RedisServer | None = None
@@ -72,6 +78,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.limits = calls.Limits(snooze_cap=SNOOZE_CAP)
         self.now = 1_800_000_000_000.0
         self.jobs: dict[str, Model] = {}
+        self.keys: dict[str, str] = {}  # dedupe key -> the job holding it
+        self.paused = False
         self.serial = 0
 
     def teardown(self) -> None:
@@ -88,19 +96,29 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(task=st.sampled_from(TASKS), priority=st.integers(0, 9),
           tenant=st.sampled_from(["", "t1", "t2"]), delay=st.sampled_from([0, 0, 500, 3000]),
-          attempts=st.integers(1, 3), n=st.integers(1, 3))
+          attempts=st.integers(1, 3), n=st.integers(1, 3),
+          key=st.sampled_from(["", "", "k1", "k2"]))
     def enqueue(self, task: str, priority: int, tenant: str, delay: int, attempts: int,
-                n: int) -> None:
+                n: int, key: str) -> None:
+        if key:
+            n = 1  # a dedupe key names one job
         spec = calls.JobSpec(task, priority, tenant, float(delay) if delay else None, None,
-                             attempts, "", VT)
+                             attempts, key, VT)
         batch = []
         for _ in range(n):
             self.serial += 1
             batch.append((f"j{self.serial}", b"[[],{}]"))
-        self.run(calls.enqueue(self.k, spec, batch, self.limits, now=self.now))
+        stored = self.run(calls.enqueue(self.k, spec, batch, self.limits, now=self.now))
+        holder = self.keys.get(key) if key else None
+        if holder is not None:
+            assert stored == [(holder, False)], (stored, holder)
+            return
+        assert stored == [(short_id, True) for short_id, _ in batch]
         for short_id, _ in batch:
             self.jobs[short_id] = Model("scheduled" if delay else "ready", task, priority,
-                                        attempts, due=self.now + delay)
+                                        attempts, due=self.now + delay, key=key)
+        if key:
+            self.keys[key] = batch[0][0]
 
     @rule(ms=st.sampled_from([10, 400, 1100, 3500]))
     def advance_time(self, ms: int) -> None:
@@ -113,6 +131,9 @@ class QueueMachine(RuleBasedStateMachine):
         fetched = self.run(calls.fetch(self.k, count, self.limits, now=self.now))
         assert isinstance(fetched, calls.Fetched)
         leased = [job.short_id for job in fetched.jobs]
+        if self.paused:
+            assert leased == [], "a paused queue handed out a job"
+            return
         assert len(leased) == min(count, len(ready)), (leased, ready)
         assert set(leased) <= ready
         rest = ready - set(leased)
@@ -128,11 +149,11 @@ class QueueMachine(RuleBasedStateMachine):
             assert job.attempts == model.attempts
 
     def _reclaim_and_promote(self) -> None:
-        for model in self.jobs.values():
+        for short_id, model in self.jobs.items():
             if model.state == "active" and model.lease <= self.now and model.cancel:
-                model.state = "cancelled"  # its holder never learned of the cancel
+                self._set(short_id, "cancelled")  # its holder never learned of the cancel
             elif model.state == "active" and model.lease <= self.now:
-                model.state = "dead" if model.attempts >= model.max_attempts else "ready"
+                self._set(short_id, "dead" if model.attempts >= model.max_attempts else "ready")
             elif model.state in ("scheduled", "retrying") and model.due <= self.now:
                 model.state = "ready"
 
@@ -164,8 +185,8 @@ class QueueMachine(RuleBasedStateMachine):
         elif outcome == "snooze":
             model.snoozes += 1
             model.attempts -= 1
-        model.state = {"ok": "succeeded", "retry": "retrying", "dead": "dead",
-                       "snooze": "scheduled", "cancelled": "cancelled"}[outcome]
+        self._set(short_id, {"ok": "succeeded", "retry": "retrying", "dead": "dead",
+                             "snooze": "scheduled", "cancelled": "cancelled"}[outcome])
         model.due = self.now + retry_ms
         expected = {"succeeded": calls.FINISH_SUCCEEDED, "retrying": calls.FINISH_RETRYING,
                     "dead": calls.FINISH_DEAD, "scheduled": calls.FINISH_SNOOZED,
@@ -232,7 +253,7 @@ class QueueMachine(RuleBasedStateMachine):
         before = self.run(calls.cancel(self.k, short_id, self.limits, now=self.now))
         assert before == model.state
         if model.state in ("scheduled", "retrying", "ready"):
-            model.state = "cancelled"
+            self._set(short_id, "cancelled")
         elif model.state == "active":
             model.cancel = True
 
@@ -248,6 +269,36 @@ class QueueMachine(RuleBasedStateMachine):
         dead = [i for i, j in self.jobs.items() if j.state == "dead"]
         assert self.run(calls.purge_dead(self.k)) == len(dead)
         for short_id in dead:
+            del self.jobs[short_id]
+
+    def _set(self, short_id: str, state: str) -> None:
+        """Move a job to ``state``; a job that ends gives up its dedupe key."""
+        model = self.jobs[short_id]
+        model.state = state
+        if state in FINAL and model.key and self.keys.get(model.key) == short_id:
+            del self.keys[model.key]
+
+    @rule()
+    def pause(self) -> None:
+        self.app.pause("q")
+        self.paused = True
+
+    @rule()
+    def resume(self) -> None:
+        self.app.resume("q")
+        self.paused = False
+
+    @precondition(lambda self: any(j.state in FINAL for j in self.jobs.values()))
+    @rule(data=st.data())
+    def expire_record(self, data: st.DataObject) -> None:
+        """A record whose TTL runs out is gone: only records that carry one may go."""
+        finished = sorted(i for i, j in self.jobs.items() if j.state in FINAL)
+        short_id = data.draw(st.sampled_from(finished))
+        ttl = self.app.redis.pttl(self.k.job(short_id))
+        if self.jobs[short_id].state == "dead":
+            assert ttl == -1, "a dead letter's record must not expire"
+        if ttl > 0:
+            self.app.redis.delete(self.k.job(short_id))
             del self.jobs[short_id]
 
     # -- comparison ------------------------------------------------------------------------
@@ -277,6 +328,9 @@ class QueueMachine(RuleBasedStateMachine):
             "retrying", set())
         assert members["dead"] == by_state.get("dead", set())
         assert int(redis.hget(self.k.counts, "ready") or 0) == len(by_state.get("ready", ()))
+        for key in ("k1", "k2"):
+            holder = redis.get(self.k.dedupe_prefix + key)
+            assert (holder.decode() if holder else None) == self.keys.get(key), key
         active = {k.decode(): int(v) for k, v in redis.hgetall(self.k.active).items()}
         for task in TASKS:
             running = sum(1 for j in self.jobs.values() if j.state == "active" and j.task == task)

@@ -195,6 +195,18 @@ def test_cancel_ready_and_scheduled_but_not_active(app: conveyor.Conveyor) -> No
     assert int(app.redis.hget(k.counts, "ready")) == 0
 
 
+def test_a_cancelled_ready_record_outlives_its_list_entry(app: conveyor.Conveyor) -> None:
+    # Were the record to expire while its id is still listed, the fetch that pops the id
+    # would take it off the ready count a second time (found by the model-based test).
+    enqueue(app, new("c"), new("r"))
+    k = app.keys(Q)
+    assert app.scripts.run(calls.cancel(k, "c", app.limits)) == "ready"
+    assert app.redis.ttl(k.job("c")) == -1
+    assert [j.short_id for j in fetch(app, 1).jobs] == ["r"]
+    assert 0 < app.redis.ttl(k.job("c")) <= app.limits.retention
+    assert int(app.redis.hget(k.counts, "ready")) == 0
+
+
 def test_requeue_and_purge_dead(app: conveyor.Conveyor) -> None:
     enqueue(app, *[new(f"j{i}", max_attempts=1) for i in range(3)])
     jobs = fetch(app, 3).jobs

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import keys as keyspace
+from . import untrusted
 from .job import JobInfo
 from .scripts import calls
 
@@ -28,7 +29,7 @@ class DeadLetters:
     def list(self, limit: int = 100, offset: int = 0) -> list[JobInfo]:
         """Up to ``limit`` dead jobs, oldest first, with their errors."""
         raw = self.app.redis.zrange(self._keys.dead, offset, offset + limit - 1)
-        ids = [i.decode() for i in raw]
+        ids = [untrusted.text(i) or "" for i in raw]  # a member that is no id finds no record
         with self.app.redis.pipeline(transaction=False) as pipe:
             for short in ids:
                 pipe.hgetall(self._keys.job(short))

@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 from . import keys as keyspace
 from .errors import EncodingError, JobCancelled, JobFailed, JobNotFound, ResultTimeout
 from .scripts import calls
+from .untrusted import integer as _int
+from .untrusted import number as _time
+from .untrusted import text as _text
 
 if TYPE_CHECKING:
     from .app import Conveyor
@@ -33,27 +36,6 @@ class JobState(str, enum.Enum):
     @property
     def finished(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
-
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    # Records are untrusted: a byte that is not UTF-8 is shown, not raised on.
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def _time(value: Any) -> float | None:
-    try:
-        return float(_text(value) or "")
-    except ValueError:  # absent, or a record edited by hand: shown as unknown
-        return None
-
-
-def _int(value: Any, default: int) -> int:
-    try:
-        return int(_text(value) or default)
-    except ValueError:
-        return default
 
 
 def _fraction(value: Any) -> float | None:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .. import untrusted
 from ..worker import registry
 from ..worker.registry import WorkerInfo
 from .advice import Advice, decide
@@ -156,12 +157,13 @@ class Monitor:
             k = self.app.keys(q)
             with self.app.redis.pipeline(transaction=False) as pipe:
                 active, idle = pipe.hgetall(k.active).hgetall(k.idle).execute()
-            names = {n.decode() for n in (*active, *idle)}
+            counts = {untrusted.text(n) or "": untrusted.integer(v) for n, v in active.items()}
+            idles = {untrusted.text(n) or "": untrusted.number(v) for n, v in idle.items()}
+            names = set(counts) | set(idles)
             names |= {t.name for t in self.app.tasks.values() if t.queue == q}
             for name in sorted(names):
-                running = max(0, int(active.get(name.encode(), 0) or 0))
-                raw = idle.get(name.encode())
-                since = float(raw) if raw is not None else None
+                running = max(0, counts.get(name, 0))
+                since = idles.get(name)
                 known = self.app.tasks.get(name)
                 threshold = known.idle_threshold if known else 300.0
                 is_idle = running == 0 and (since is None or now - since >= threshold)

@@ -22,6 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from .. import untrusted
 from .stats import COUNTERS, TaskWindow, bucket_starts, parse_bucket
 
 if TYPE_CHECKING:
@@ -76,7 +77,8 @@ class RedisCollector(Collector):
             replies = pipe.execute()
         gained: dict[str, float] = {}
         for start, reply in zip(starts, replies, strict=True):
-            fields = {k.decode(): float(v) for k, v in reply.items()}
+            fields = {untrusted.text(k) or "": untrusted.number(v) or 0.0
+                      for k, v in reply.items()}
             before = seen.get(start, {})
             for name, value in fields.items():
                 delta = value - before.get(name, 0.0)

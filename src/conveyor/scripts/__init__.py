@@ -1,7 +1,9 @@
 """Lua scripts: one atomic operation per ``.lua`` file, loaded once, called by SHA.
 
 A script may pull shared helpers from ``include/`` with a line ``--@include <name>``; the
-loader inlines them so that Redis receives one self-contained script. Calls are built as
+loader inlines them so that Redis receives one self-contained script. An include declares
+the includes it uses the same way: the loader resolves them depth first, inlines each
+once, before the first text that needs it, and refuses a cycle or a missing file. Calls are built as
 :class:`ScriptCall` values (what to send, see :mod:`conveyor.scripts.calls`) and executed
 by :class:`ScriptRunner` on a sync, async or pipeline client (how to send it).
 """
@@ -41,16 +43,53 @@ def source(name: str) -> str:
     """The full text of script ``name`` with its includes inlined.
 
     :raises FileNotFoundError: no such script or include
+    :raises ValueError: no ``#!lua`` shebang, or includes that include each other
     """
     root = resources.files(__package__)
-    text = (root / f"{name}.lua").read_text(encoding="utf-8")
+
+    def read(path: str) -> str:
+        file = root.joinpath(*path.split("/"))
+        if not file.is_file():
+            raise FileNotFoundError(f"no Lua file {path!r} in {__package__}")
+        return file.read_text(encoding="utf-8")
+
+    return assemble(name, read)
+
+
+def assemble(name: str, read: Callable[[str], str]) -> str:
+    """Script ``name`` (read as ``read("<name>.lua")``) with every include inlined: each
+    ``--@include <inc>`` line becomes the text of ``include/<inc>.lua``, itself assembled
+    first, unless that include is already in (then the line goes).
+
+    :raises FileNotFoundError: ``read`` found no such file
+    :raises ValueError: no ``#!lua`` shebang, or an include cycle (named in the message)
+    """
+    text = read(f"{name}.lua")
     if not text.startswith("#!lua"):
         raise ValueError(f"script {name}.lua must start with a '#!lua' shebang")
+    done: set[str] = set()
 
-    def inline(match: re.Match[str]) -> str:
-        return (root / "include" / f"{match.group(1)}.lua").read_text(encoding="utf-8")
+    def resolve(body: str, chain: tuple[str, ...]) -> str:
+        def inline(match: re.Match[str]) -> str:
+            include = match.group(1)
+            if include in chain:
+                cycle = " -> ".join((f"{name}.lua", *chain, include))
+                raise ValueError(f"include cycle in {name}.lua: {cycle}")
+            if include in done:
+                return ""
+            try:
+                inner = read(f"include/{include}.lua")
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(
+                    f"{' -> '.join((f'{name}.lua', *chain))} includes {include!r}, which does"
+                    " not exist") from exc
+            inlined = resolve(inner, (*chain, include))
+            done.add(include)
+            return inlined
 
-    return _INCLUDE.sub(inline, text)
+        return _INCLUDE.sub(inline, body)
+
+    return resolve(text, ())
 
 
 def _identity(reply: Any) -> Any:

@@ -4,6 +4,10 @@
 -- no list scan). A running job is only marked: its holder learns of the cancel with its
 -- next heartbeat (the `cancelling` set tells holders to beat sooner) and records the end;
 -- if the holder is dead, the job ends cancelled when its lease expires, and is not re-run.
+-- The record of a cancelled ready job gets its TTL only when that fetch removes it from
+-- its list ('keep' holds the retention until then): were it to expire while still listed,
+-- the fetch could not tell it from a ready job whose record was lost, and would take it
+-- off the ready count a second time.
 --
 -- KEYS[1] job_prefix
 -- KEYS[2] delayed
@@ -49,6 +53,10 @@ else
   return state
 end
 redis.call('HSET', key, 'state', 'cancelled', 'finished_at', seconds(now), 'error', reason)
-redis.call('EXPIRE', key, retention)
+if state == 'ready' then
+  redis.call('HSET', key, 'keep', retention)
+else
+  redis.call('EXPIRE', key, retention)
+end
 free_dedupe_key(dedupe_prefix, f[2], id)
 return state

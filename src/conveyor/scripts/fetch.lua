@@ -70,10 +70,15 @@ if redis.call('EXISTS', k.paused) == 0 then
     for i, id in ipairs(ids) do
       local key = k.job_prefix .. id
       local r = read_record(key)
-      -- Cancelled jobs are removed lazily here; their ready count was taken off at cancel.
-      if r.state ~= 'cancelled' then popped_ready = popped_ready + 1 end
+      -- Cancelled jobs are removed lazily here; their ready count was taken off at cancel,
+      -- and their record starts to expire now that no list names it.
+      if r.state == 'cancelled' then
+        redis.call('EXPIRE', key, tonumber(redis.call('HGET', key, 'keep')) or 86400)
+      else
+        popped_ready = popped_ready + 1
+      end
       -- A missing record (expired) or one of another state (a stale entry) is skipped.
-      local bad = r.state and record_problem(r)
+      local bad = listed_record_problem(key, r) or stranded(k, id, r)
       if bad then
         dead_letter(k, cfg, tally, now, id, r, bad, out)
       elseif r.state == 'ready' then

@@ -1,5 +1,7 @@
-#!lua
+#!lua flags=allow-oom
 -- Delete up to `limit` dead jobs, oldest first (the caller repeats until it returns 0).
+-- It only removes, so it may run while Redis is out of memory: purging dead letters is
+-- one way an operator frees memory in an out-of-memory spell.
 --
 -- KEYS[1] job_prefix
 -- KEYS[2] dead

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .. import untrusted
 from ..errors import JobNotFound
 from ..worker.published import DECISIONS_KEPT
 from . import figures, queries, series
@@ -74,7 +75,7 @@ class Api:
     def workers(self, request: Request) -> Response:
         now = series.server_time(self.app)
         rows = queries.workers(self.app, now)
-        capacity = sum(figures._int(w.get("concurrency")) for w in rows)
+        capacity = sum(untrusted.integer(w.get("concurrency")) for w in rows)
         return json_response({"time": now, "workers": rows, "capacity": capacity,
                               "supervisors": queries.supervisors(self.app, now)})
 

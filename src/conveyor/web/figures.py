@@ -10,6 +10,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
+from .. import untrusted
 from . import queries, series
 
 if TYPE_CHECKING:
@@ -103,14 +104,7 @@ def overview(app: Conveyor) -> dict[str, Any]:
                                                             "dead")}
             | {"throughput": sum(r["throughput"] for r in rows)},
             "workers": {"count": len(live),
-                        "capacity": sum(_int(w.get("concurrency")) for w in live)}}
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
+                        "capacity": sum(untrusted.integer(w.get("concurrency")) for w in live)}}
 
 
 def queue_detail(app: Conveyor, queue: str, window: float) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import datetime as dt
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from .. import untrusted
 from ..errors import EncodingError
 from ..job import JobInfo
 from ..worker import published, registry
@@ -23,7 +24,7 @@ LISTS = {"scheduled": "delayed", "active": "leases", "dead": "dead"}
 
 
 def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return untrusted.text(value) or ""
 
 
 def backlog(app: Conveyor, queues: list[str]) -> dict[str, dict[str, Any]]:
@@ -81,8 +82,9 @@ def activity(app: Conveyor, queues: list[str], now: float) -> list[dict[str, Any
         replies = pipe.execute()
     rows = []
     for i, queue in enumerate(queues):
-        active = {_text(k): max(0, int(v)) for k, v in replies[2 * i].items()}
-        idle = {_text(k): float(v) for k, v in replies[2 * i + 1].items()}
+        active = {_text(k): max(0, untrusted.integer(v)) for k, v in replies[2 * i].items()}
+        idle = {_text(k): t for k, v in replies[2 * i + 1].items()
+                if (t := untrusted.number(v)) is not None}
         names = set(active) | set(idle) | {t.name for t in app.tasks.values() if t.queue == queue}
         for name in sorted(names):
             known = app.tasks.get(name)

@@ -1,5 +1,9 @@
 -- Housekeeping that every fetch does first, so no separate reaper or scheduler is needed:
 -- promote delayed jobs that have come due, and reclaim leases whose deadline has passed.
+--@include finish
+--@include metrics
+--@include ready
+--@include records
 
 -- Move due delayed jobs to the front of their ready lists, earliest due first: they have
 -- already waited, so they go ahead of jobs of their priority and tenant queued without delay.
@@ -10,16 +14,19 @@ local function promote_due(k, now, limit, cfg, tally, out)
     local id = due[i]
     redis.call('ZREM', k.delayed, id)
     local r = read_record(k.job_prefix .. id)
-    if r.state == 'scheduled' or r.state == 'retrying' then
-      local bad = record_problem(r)
-      if bad then
-        dead_letter(k, cfg, tally, now, id, r, bad, out)
-      else
-        redis.call('HSET', k.job_prefix .. id, 'state', 'ready')
-        push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, r.priority or '5',
-          r.tenant or '', true)
-        promoted = promoted + 1
-      end
+    local bad = listed_record_problem(k.job_prefix .. id, r)
+    if not bad and r.state ~= 'scheduled' and r.state ~= 'retrying' then
+      bad = stranded(k, id, r)  -- (its delayed entry, the one we met, is already removed)
+    end
+    if bad then
+      dead_letter(k, cfg, tally, now, id, r, bad, out)
+    elseif r.state == 'scheduled' or r.state == 'retrying' or r.state == 'ready' then
+      -- 'ready' here is a record changed by hand, in no ready list that we can see: it is
+      -- listed (were it listed already, the second entry meets it leased, and is skipped).
+      redis.call('HSET', k.job_prefix .. id, 'state', 'ready')
+      push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, r.priority or '5',
+        r.tenant or '', true)
+      promoted = promoted + 1
     end
   end
   if promoted > 0 then redis.call('HINCRBY', k.counts, 'ready', promoted) end
@@ -39,20 +46,52 @@ local function cancel_lapsed(k, cfg, now, id, r)
     started_at = r.started_at, finished_at = finished_at, tenant = r.tenant, error = r.cancel })
 end
 
+-- Set every task's active count to the number of leased jobs whose record says it is
+-- active. Only needed when a leased job's record vanished or names another task than the
+-- one counted (so which count it holds is unknown): O(leases), on that rare path only.
+local function recount_active(k)
+  local counts = {}
+  for _, id in ipairs(redis.call('ZRANGE', k.leases, 0, -1)) do
+    local f = redis.call('HMGET', k.job_prefix .. id, 'state', 'task')
+    if f[1] == 'active' then counts[f[2] or ''] = (counts[f[2] or ''] or 0) + 1 end
+  end
+  for _, task in ipairs(redis.call('HKEYS', k.active)) do
+    redis.call('HSET', k.active, task, counts[task] or 0)
+    counts[task] = nil
+  end
+  for task, n in pairs(counts) do redis.call('HSET', k.active, task, n) end
+end
+
+-- A leased job whose record no longer says 'active' was changed by something other than
+-- conveyor: its lease entry and active count date from when it was leased, so the count
+-- is given back, and a record left in no final state is dead-lettered with the reason.
+-- Returns true when the record no longer names its task, so the counts need a recount.
+local function reclaim_mangled(k, now, cfg, tally, id, r, out)
+  -- Which count it holds is unknown when it names no task, or one whose count is empty.
+  local unknown = r.task == '' or release_active(k.active, r.task)
+  if r.state ~= 'succeeded' and r.state ~= 'cancelled' then
+    local reason = record_problem(r) or ("corrupt record: a leased job's field 'state' is "
+      .. (r.state and quoted(r.state) or 'missing'))
+    dead_letter(k, cfg, tally, now, id, r, reason, out)
+  end
+  return unknown
+end
+
 -- A lease past its deadline means the worker died or stalled. The attempt it used counts;
 -- the job goes back to the front of its list, or to the dead letters when attempts are spent
 -- (added to out.dead, with any dead letters the cap trimmed in out.trimmed).
 local function reclaim_expired(k, now, limit, cfg, tally, out)
   local expired = redis.call('ZRANGE', k.leases, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  local vanished = false
   for _, id in ipairs(expired) do
     redis.call('ZREM', k.leases, id)
     local key = k.job_prefix .. id
     local r = read_record(key)
     if r.state == 'active' and r.cancel then
-      release_active(k.active, r.task)
+      if release_active(k.active, r.task) then vanished = true end
       cancel_lapsed(k, cfg, now, id, r)
     elseif r.state == 'active' then
-      release_active(k.active, r.task)
+      if release_active(k.active, r.task) then vanished = true end
       count(tally, r.task, 'failed', 1)
       local attempts = r.attempts or '1'
       local err = 'lease expired: the worker died or stalled (attempt ' .. attempts .. ')'
@@ -68,6 +107,11 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
         redis.call('HINCRBY', k.counts, 'ready', 1)
         count(tally, r.task, 'retried', 1)
       end
+    elseif r.state == nil and redis.call('EXISTS', key) == 0 then
+      vanished = true
+    elseif reclaim_mangled(k, now, cfg, tally, id, r, out) then
+      vanished = true
     end
   end
+  if vanished then recount_active(k) end
 end

@@ -29,7 +29,14 @@ local function count(tally, task, what, by)
   tally.counts[field] = (tally.counts[field] or 0) + by
 end
 
+-- A time computed from a record edited by hand can be NaN or infinite ('nan' and 'inf'
+-- parse as numbers); such a sample is left out, since Redis refuses it in HINCRBYFLOAT.
+local function finite(x)
+  return x == x and x ~= math.huge and x ~= -math.huge
+end
+
 local function observe(tally, task, wait_s, run_s)
+  if not (finite(wait_s) and finite(run_s)) then return end
   if wait_s < 0 then wait_s = 0 end
   if run_s < 0 then run_s = 0 end
   count(tally, task, 'w|' .. histogram_bin(wait_s), 1)

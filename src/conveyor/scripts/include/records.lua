@@ -1,6 +1,9 @@
 -- Job records are untrusted: a hand edit, a bug elsewhere or a partial restore can leave a
 -- field that is not what a script needs. A record that cannot be run as it stands is
 -- dead-lettered with a reason naming the field, so one bad record never wedges a queue.
+--@include clock
+--@include finish
+--@include metrics
 
 local JOB_STATES = { scheduled = true, ready = true, active = true, succeeded = true,
   retrying = true, dead = true, cancelled = true }
@@ -19,17 +22,27 @@ local function record_problem(r)
   if r.priority and (not p or p ~= math.floor(p) or p < 0 or p > 9) then
     return "corrupt record: field 'priority' is not an integer 0-9: " .. quoted(r.priority)
   end
-  if r.attempts and not tonumber(r.attempts) then
+  if r.attempts and not (tonumber(r.attempts) and finite(tonumber(r.attempts))) then
     return "corrupt record: field 'attempts' is not an integer: " .. quoted(r.attempts)
   end
-  if r.max_attempts and not tonumber(r.max_attempts) then
+  if r.max_attempts and not (tonumber(r.max_attempts) and finite(tonumber(r.max_attempts))) then
     return "corrupt record: field 'max_attempts' is not an integer: " .. quoted(r.max_attempts)
   end
   local vt = r.vt and tonumber(r.vt)
-  if r.vt and (not vt or vt <= 0) then
+  if r.vt and (not vt or not finite(vt) or vt <= 0) then
     return "corrupt record: field 'vt' is not a positive number: " .. quoted(r.vt)
   end
   return nil
+end
+
+-- record_problem for a record found through a list or set: one that exists without a
+-- state is a problem too; one that does not exist (expired, deleted) is none.
+local function listed_record_problem(key, r)
+  if r.state == nil then
+    if redis.call('EXISTS', key) == 1 then return "corrupt record: field 'state' is missing" end
+    return nil
+  end
+  return record_problem(r)
 end
 
 -- Reads the fields record_problem checks (plus what a dead letter needs) as a table.
@@ -42,8 +55,22 @@ local function read_record(key)
     started_at = f[11] or nil, cancel = f[12] or nil, cancel_ttl = f[13] or nil }
 end
 
--- Dead-letter a job (a bad record, or a lost lease on its last attempt): k holds the queue's keys (job_prefix, dead, dedupe_prefix,
--- events), out collects { dead = ids, trimmed = ids }.
+-- For a record met through a list or set that does not hold jobs of its state (a ready
+-- list, the delayed set): the reason to dead-letter it when nothing that does holds it
+-- either, so that it would never run or end; nil when something does (a stray entry: the
+-- job goes on where it is), or for a state the caller handles itself.
+local TRACKED_IN = { active = 'leases', scheduled = 'delayed', retrying = 'delayed',
+  dead = 'dead' }
+local function stranded(k, id, r)
+  local where = TRACKED_IN[r.state or '']
+  if not where or redis.call('ZSCORE', k[where], id) then return nil end
+  return "corrupt record: field 'state' is " .. quoted(r.state) .. ' but the job is not in'
+    .. ' the ' .. where .. ' set'
+end
+
+-- Dead-letter a job (a bad record, or a lost lease on its last attempt): k holds the
+-- queue's keys (job_prefix, dead, dedupe_prefix, events), out collects { dead = ids,
+-- trimmed = ids }.
 local function dead_letter(k, cfg, tally, now, id, r, reason, out)
   local finished_at = seconds(now)
   redis.call('HSET', k.job_prefix .. id, 'state', 'dead', 'token', '', 'error', reason,
