@@ -402,3 +402,27 @@ def test_conveyor_job_shows_progress(app: conveyor.Conveyor) -> None:
                            env=env_with_src() | {"COLUMNS": "200"})
     assert shown.returncode == 0, shown.stderr
     assert "40%  400 of 1000" in shown.stdout
+
+
+def test_a_cancelled_sync_run_that_ignores_the_cancel_keeps_its_slot_then_counts_as_stuck(
+        app: conveyor.Conveyor) -> None:
+    release = threading.Event()
+
+    @app.task(name="stubborn", timeout=1.0)
+    def stubborn() -> str:
+        release.wait(20)  # never looks at ctx.cancelled
+        return "too late"
+
+    with running_worker(app, concurrency=2) as worker:
+        job = stubborn.enqueue()
+        wait_until(lambda: job.info().state == "active", 10, message="started")
+        assert job.cancel() is True
+        wait_until(lambda: job.info().state == "cancelled", CANCEL_WITHIN + 1,
+                   message="cancelled")
+        assert worker.free_slots() == 1  # its thread still runs: its slot stays taken
+        wait_until(lambda: worker.stuck == 1, 10, message="past its timeout: stuck")
+        release.set()
+        wait_until(lambda: worker.stuck == 0 and worker.free_slots() == 2, 10,
+                   message="the slot back once the run returned")
+    info = job.info()
+    assert info.state == "cancelled" and info.result is None
