@@ -402,3 +402,53 @@ def test_conveyor_job_shows_progress(app: conveyor.Conveyor) -> None:
                            env=env_with_src() | {"COLUMNS": "200"})
     assert shown.returncode == 0, shown.stderr
     assert "40%  400 of 1000" in shown.stdout
+
+
+def test_a_cancelled_sync_run_that_ignores_the_cancel_keeps_its_slot_then_counts_as_stuck(
+        app: conveyor.Conveyor) -> None:
+    release = threading.Event()
+
+    @app.task(name="stubborn", timeout=1.0)
+    def stubborn() -> str:
+        release.wait(20)  # never looks at ctx.cancelled
+        return "too late"
+
+    with running_worker(app, concurrency=2) as worker:
+        job = stubborn.enqueue()
+        wait_until(lambda: job.info().state == "active", 10, message="started")
+        assert job.cancel() is True
+        wait_until(lambda: job.info().state == "cancelled", CANCEL_WITHIN + 1,
+                   message="cancelled")
+        assert worker.free_slots() == 1  # its thread still runs: its slot stays taken
+        wait_until(lambda: worker.stuck == 1, 10, message="past its timeout: stuck")
+        release.set()
+        wait_until(lambda: worker.stuck == 0 and worker.free_slots() == 2, 10,
+                   message="the slot back once the run returned")
+    info = job.info()
+    assert info.state == "cancelled" and info.result is None
+
+
+@pytest.mark.parametrize("error", ["connection", "oom"])
+def test_progress_and_cancel_polls_survive_redis_errors(app: conveyor.Conveyor,
+                                                        error: str) -> None:
+    """The progress writer and the heartbeat's look for cancels keep going when Redis
+    refuses them for a while; the job still reports, and a cancel still lands."""
+    from injection import FaultPlan
+
+    @app.task(name="steady", visibility_timeout=30)
+    async def steady() -> None:
+        ctx = conveyor.current_job()
+        for i in range(1, 2000):
+            ctx.progress(min(1.0, i / 100), note=str(i))
+            await asyncio.sleep(0.02)
+
+    with running_worker(app, concurrency=2) as worker, FaultPlan() as plan:
+        plan.fail("script:progress", error, times=4)
+        plan.fail("ZMSCORE", error, times=3)
+        job = steady.enqueue()
+        wait_until(lambda: (job.info().progress or 0) >= 0.5, 15, message="progress written")
+        wait_until(lambda: plan.pending() == 0, 15, message="every fault injected")
+        assert job.cancel() is True
+        wait_until(lambda: job.info().state == "cancelled", CANCEL_WITHIN + 1,
+                   message="cancelled after the errors")
+        assert worker.loops.fatal is None

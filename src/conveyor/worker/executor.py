@@ -226,6 +226,16 @@ class Executor:
                 return self._dead(held, f"{type(exc).__name__} (could not be recorded)")
 
     def _overran(self, held: Held, task: Any, done: Callable[[Held, Outcome], None]) -> None:
+        since = self.winding_down.pop(id(held), None)
+        if since is not None:
+            # Cancelled, and still running past its timeout: as stuck as any overrun (a
+            # supervisor replaces the process); its job already ended cancelled.
+            self.abandoned += 1
+            self.stuck[id(held)] = since
+            log.error("task %s (job %s) was cancelled and still runs past its %s s timeout;"
+                      " its thread cannot be interrupted", task.name, held.leased.short_id,
+                      task.timeout)
+            return
         if held.state != RUNNING or held.task is None or held.task.done():
             return
         self.abandoned += 1
