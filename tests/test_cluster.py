@@ -275,3 +275,37 @@ def test_every_tool_runs_against_the_cluster(capp: conveyor.Conveyor, cluster: R
 
 def _fail() -> None:
     raise RuntimeError("fails on purpose")
+
+
+def test_running_jobs_on_the_cluster_cancel_progress_steps_snooze(
+    capp: conveyor.Conveyor, cluster: RedisCluster
+) -> None:
+    """Every new script (progress, step) and the look for cancels work across nodes."""
+    queues = spread_queues(capp, cluster)
+    snoozed: list[int] = []
+
+    @capp.task(name="spin", queue=queues[0])
+    async def spin() -> None:
+        ctx = conveyor.current_job()
+        ctx.progress(0.5, note="half")
+        while True:
+            await asyncio.sleep(0.05)
+
+    @capp.task(name="stepper", queue=queues[2])
+    def stepper() -> int:
+        ctx = conveyor.current_job()
+        value = ctx.step("one", lambda: 41) + 1
+        if not snoozed:
+            snoozed.append(ctx.attempt)
+            raise conveyor.Snooze(0.1)
+        return value
+
+    with running_worker(capp, queues=queues, concurrency=4):
+        running = spin.enqueue()
+        wait_until(lambda: running.info().progress == 0.5, 10, message="progress on a node")
+        assert running.cancel() is True
+        wait_until(lambda: running.info().state == conveyor.JobState.CANCELLED, 3,
+                   message="cancelled on a node")
+        stepped = stepper.enqueue()
+        assert stepped.result(timeout=15) == 42
+    assert snoozed == [1] and stepped.info().attempts == 1

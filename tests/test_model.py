@@ -3,12 +3,13 @@ compares Redis with a plain Python model after every step.
 
 The steps are the scripts every public call goes through (enqueue with priorities,
 tenants, delays, attempt limits and dedupe keys; fetch; heartbeat and finish with current
-and stale tokens; release; cancel; dead-letter requeue and purge; pause and resume), the
-passage of time, through the scripts' ``now`` override, so that leases expire and delayed
-jobs come due without sleeping, and the expiry of records that carry a TTL (done at once
-with DEL, as Redis would do it when the TTL runs out). After each step, for every job: its
-state and attempts; and for the queue: the ready count, jobs active per task, the lease,
-delayed and dead sets, and which job holds each dedupe key.
+and stale tokens, also asking to snooze; release; cancel, also of running jobs; progress
+and steps with current and stale tokens; dead-letter requeue and purge; pause and resume),
+the passage of time, through the scripts' ``now`` override, so that leases expire and
+delayed jobs come due without sleeping, and the expiry of records that carry a TTL (done at
+once with DEL, as Redis would do it when the TTL runs out). After each step, for every job:
+its state and attempts, progress and recorded steps; and for the queue: the ready count,
+jobs active per task, the lease, delayed and dead sets, and which job holds each dedupe key.
 
 ``CONVEYOR_MODEL_EXAMPLES`` raises the number of examples (default 75, for CI).
 """
@@ -31,6 +32,7 @@ from helpers import RedisServer
 
 EXAMPLES = int(os.environ.get("CONVEYOR_MODEL_EXAMPLES", "75"))
 VT = 1000  # lease length (ms)
+SNOOZE_CAP = 2
 TASKS = ("a", "b")
 
 
@@ -45,6 +47,10 @@ class Model:
     lease: float = 0.0  # ms, while active
     tokens: list[str] = field(default_factory=list)  # every token handed out, last current
     key: str = ""  # dedupe key it was enqueued with
+    cancel: bool = False  # a cancel was asked while it ran
+    snoozes: int = 0
+    progress: float | None = None
+    steps: set[str] = field(default_factory=set)
 
 
 UNFINISHED = ("scheduled", "ready", "active", "retrying")
@@ -69,7 +75,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert SERVER is not None
         self.app = conveyor.Conveyor(SERVER.url, namespace=f"m{uuid.uuid4().hex[:10]}")
         self.k = self.app.keys("q")
-        self.limits = calls.Limits()
+        self.limits = calls.Limits(snooze_cap=SNOOZE_CAP)
         self.now = 1_800_000_000_000.0
         self.jobs: dict[str, Model] = {}
         self.keys: dict[str, str] = {}  # dedupe key -> the job holding it
@@ -144,7 +150,9 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _reclaim_and_promote(self) -> None:
         for short_id, model in self.jobs.items():
-            if model.state == "active" and model.lease <= self.now:
+            if model.state == "active" and model.lease <= self.now and model.cancel:
+                self._set(short_id, "cancelled")  # its holder never learned of the cancel
+            elif model.state == "active" and model.lease <= self.now:
                 self._set(short_id, "dead" if model.attempts >= model.max_attempts else "ready")
             elif model.state in ("scheduled", "retrying") and model.due <= self.now:
                 model.state = "ready"
@@ -153,7 +161,7 @@ class QueueMachine(RuleBasedStateMachine):
         return sorted(i for i, j in self.jobs.items() if j.state == "active" and j.lease > self.now)
 
     @precondition(lambda self: self._active())
-    @rule(data=st.data(), outcome=st.sampled_from(["ok", "retry", "dead"]),
+    @rule(data=st.data(), outcome=st.sampled_from(["ok", "retry", "dead", "snooze"]),
           stale=st.booleans(), retry_ms=st.sampled_from([0, 700]))
     def finish(self, data: st.DataObject, outcome: str, stale: bool, retry_ms: int) -> None:
         short_id = data.draw(st.sampled_from(self._active()))
@@ -168,13 +176,51 @@ class QueueMachine(RuleBasedStateMachine):
         if token != model.tokens[-1]:
             assert result.codes == [calls.FINISH_REFUSED]
             return
-        if outcome == "retry" and model.attempts >= model.max_attempts:
+        spent = outcome == "retry" and model.attempts >= model.max_attempts
+        snoozed_out = outcome == "snooze" and model.snoozes >= SNOOZE_CAP
+        if model.cancel:
+            outcome = "cancelled"  # whatever a cancelled run reports
+        elif spent or snoozed_out:
             outcome = "dead"
-        self._set(short_id, {"ok": "succeeded", "retry": "retrying", "dead": "dead"}[outcome])
+        elif outcome == "snooze":
+            model.snoozes += 1
+            model.attempts -= 1
+        self._set(short_id, {"ok": "succeeded", "retry": "retrying", "dead": "dead",
+                             "snooze": "scheduled", "cancelled": "cancelled"}[outcome])
         model.due = self.now + retry_ms
         expected = {"succeeded": calls.FINISH_SUCCEEDED, "retrying": calls.FINISH_RETRYING,
-                    "dead": calls.FINISH_DEAD}[model.state]
+                    "dead": calls.FINISH_DEAD, "scheduled": calls.FINISH_SNOOZED,
+                    "cancelled": calls.FINISH_CANCELLED}[model.state]
         assert result.codes == [expected]
+
+    @precondition(lambda self: self._active())
+    @rule(data=st.data(), stale=st.booleans(), fraction=st.sampled_from([0.0, 0.5, 1.0]))
+    def progress(self, data: st.DataObject, stale: bool, fraction: float) -> None:
+        short_id = data.draw(st.sampled_from(self._active()))
+        model = self.jobs[short_id]
+        token = model.tokens[-1] + ("x" if stale else "")
+        codes = self.run(calls.progress(self.k, [(short_id, token, fraction, "n")]))
+        accepted = not stale and not model.cancel
+        assert codes == [int(accepted)]
+        if accepted:
+            model.progress = fraction
+
+    @precondition(lambda self: self._active())
+    @rule(data=st.data(), stale=st.booleans(), name=st.sampled_from(["s1", "s2"]))
+    def step(self, data: st.DataObject, stale: bool, name: str) -> None:
+        short_id = data.draw(st.sampled_from(self._active()))
+        model = self.jobs[short_id]
+        token = model.tokens[-1] + ("x" if stale else "")
+        code, _ = self.run(calls.step(self.k, short_id, token, name, b"1"))  # type: ignore[misc]
+        if stale:
+            assert code == calls.STEP_REFUSED
+        elif model.cancel:
+            assert code == calls.STEP_CANCELLING
+        elif name in model.steps:
+            assert code == calls.STEP_KEPT
+        else:
+            assert code == calls.STEP_RECORDED
+            model.steps.add(name)
 
     @precondition(lambda self: self._active())
     @rule(data=st.data(), stale=st.booleans())
@@ -183,7 +229,7 @@ class QueueMachine(RuleBasedStateMachine):
         model = self.jobs[short_id]
         token = model.tokens[-1] + ("x" if stale else "")
         codes = self.run(calls.heartbeat(self.k, [(short_id, token, VT)], now=self.now))
-        assert codes == [0 if stale else 1]
+        assert codes == [0 if stale else (calls.BEAT_CANCEL if model.cancel else 1)]
         if not stale:
             model.lease = self.now + VT
 
@@ -193,6 +239,9 @@ class QueueMachine(RuleBasedStateMachine):
         short_id = data.draw(st.sampled_from(self._active()))
         model = self.jobs[short_id]
         job = (short_id, model.tokens[-1], "interrupted: test" if interrupted else "")
+        if model.cancel:  # not handed back: it ends cancelled when its lease expires
+            assert self.run(calls.release(self.k, [job])) == 0
+            return
         assert self.run(calls.release(self.k, [job])) == 1
         model.state, model.attempts = "ready", model.attempts - 1
 
@@ -205,6 +254,8 @@ class QueueMachine(RuleBasedStateMachine):
         assert before == model.state
         if model.state in ("scheduled", "retrying", "ready"):
             self._set(short_id, "cancelled")
+        elif model.state == "active":
+            model.cancel = True
 
     @rule()
     def requeue_dead(self) -> None:
@@ -257,11 +308,15 @@ class QueueMachine(RuleBasedStateMachine):
         redis = self.app.redis
         with redis.pipeline(transaction=False) as pipe:
             for short_id in self.jobs:
-                pipe.hmget(self.k.job(short_id), "state", "attempts")
+                pipe.hmget(self.k.job(short_id), "state", "attempts", "progress", "step:s1",
+                           "step:s2")
             records = pipe.execute()
-        for (short_id, model), (state, attempts) in zip(self.jobs.items(), records, strict=True):
+        for (short_id, model), record in zip(self.jobs.items(), records, strict=True):
+            state, attempts, progress, *steps = record
             assert (state or b"").decode() == model.state, (short_id, model)
             assert int(attempts or 0) == model.attempts, (short_id, model)
+            assert (None if progress is None else float(progress)) == model.progress
+            assert {n for n, v in zip(("s1", "s2"), steps, strict=True) if v} == model.steps
         by_state: dict[str, set[str]] = {}
         for short_id, model in self.jobs.items():
             by_state.setdefault(model.state, set()).add(short_id)

@@ -2,10 +2,10 @@ import conveyor
 
 EXPECTED = [
     "Advice", "Backlog", "Codec", "ConfigurationError", "Conveyor", "ConveyorError",
-    "DeadLetters", "EncodingError", "Job", "JobCancelled", "JobFailed", "JobInfo", "JobNotFound",
-    "JobOptions", "JobState", "Limits", "Monitor", "NotReplicated", "PartialEnqueue",
-    "PayloadTooLarge", "ResultTimeout", "SerializationError", "Stats", "Task", "TaskActivity",
-    "Timing", "Worker", "__version__",
+    "DeadLetters", "EncodingError", "Job", "JobCancelled", "JobContext", "JobFailed", "JobInfo",
+    "JobNotFound", "JobOptions", "JobState", "LeaseLost", "Limits", "Monitor", "NotReplicated",
+    "PartialEnqueue", "PayloadTooLarge", "ResultTimeout", "SerializationError", "Snooze",
+    "Stats", "Task", "TaskActivity", "Timing", "Worker", "__version__", "current_job",
 ]
 
 

@@ -3,6 +3,7 @@ their protections (auth, CSRF, escaping)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 import subprocess
@@ -334,3 +335,31 @@ def test_cli_serves_the_dashboard(app: conveyor.Conveyor, tmp_path: object) -> N
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_running_job_shows_progress_and_can_be_cancelled(app: conveyor.Conveyor,
+                                                         client: TestClient) -> None:
+    @app.task(name="export", queue="mail")
+    async def export() -> None:
+        ctx = conveyor.current_job()
+        ctx.progress(0.4, note="400 of 1000 <rows>")
+        while True:
+            await asyncio.sleep(0.05)
+
+    with running_worker(app, queues=["mail"], concurrency=2):
+        job = export.enqueue()
+        wait_until(lambda: job.info().progress == 0.4, 10, message="progress recorded")
+        page = client.get(f"/jobs/{job.id}")
+        assert 'id="progress-bar" style="width:40.0%"' in page.text
+        assert "400 of 1000 &lt;rows&gt;" in page.text and "<rows>" not in page.text
+        assert 'value="cancel"' in page.text or "/actions/cancel" in page.text
+        listing = client.get("/queues/mail/jobs?state=active")
+        assert 'style="width:40.0%"' in listing.text and "40 %" in listing.text
+        api = client.get(f"/api/jobs/{job.id}").json()
+        assert api["progress"] == 0.4 and api["progress_note"] == "400 of 1000 <rows>"
+        token = csrf_of(client, f"/jobs/{job.id}")
+        done = client.post("/actions/cancel", data={"csrf": token, "job_id": job.id},
+                           headers={"origin": "http://testserver"})
+        assert done.headers["location"].endswith("done=cancelled&n=1")
+        wait_until(lambda: job.info().state == conveyor.JobState.CANCELLED, 5,
+                   message="the running job cancelled")

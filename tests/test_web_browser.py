@@ -246,3 +246,34 @@ def test_readme_shows_the_dashboard() -> None:
     picture = root / "docs" / "dashboard.png"
     assert picture.exists() and picture.stat().st_size > 10_000
     assert "docs/dashboard.png" in (root / "README.md").read_text()
+
+
+def test_running_job_progress_moves_live_and_cancel_stops_it(app: conveyor.Conveyor,
+                                                             served: str, page: Any) -> None:
+    step = threading.Event()
+
+    @app.task(name="export", queue="mail")
+    def export() -> None:
+        ctx = conveyor.current_job()
+        ctx.progress(0.25, note="a quarter")
+        step.wait(30)
+        ctx.progress(0.75, note="three quarters")
+        deadline = time.monotonic() + 20
+        while not ctx.cancelled and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    with running_worker(app, queues=["mail"], concurrency=2):
+        job = export.enqueue()
+        wait_until(lambda: job.info().progress == 0.25, 10, message="first progress")
+        page.goto(f"{served}/jobs/{job.id}")
+        bar = page.locator("#progress-bar")
+        assert bar.get_attribute("style") == "width:25.0%"
+        step.set()  # the page refreshes itself: the bar and the note follow
+        wait_until(lambda: bar.get_attribute("style") == "width: 75%;", 10, interval=0.1,
+                   message="the bar at 75 %")
+        assert page.locator('[data-f="progress_note"]').inner_text() == "three quarters"
+        page.locator('button[data-action="cancel"]').click()
+        page.locator(".notice.ok").wait_for()
+        wait_until(lambda: job.info().state == conveyor.JobState.CANCELLED, 5,
+                   message="cancelled from the dashboard")
+        assert page.dialogs and "Its run is stopped" in page.dialogs[-1]

@@ -304,3 +304,21 @@ def test_outcomes_and_hand_backs_wait_out_a_redis_outage_at_shutdown(
         assert second.info().attempts <= 1
     finally:
         app.close()
+
+
+def test_a_batch_of_sync_jobs_runs_at_once_after_an_earlier_job_left_one_idle_thread(
+        app: conveyor.Conveyor) -> None:
+    """The thread pool grew only when no thread was idle: after one earlier sync job had
+    left one idle thread, a batch of jobs arriving together ran one at a time."""
+    @app.task(name="nap", queue="q")
+    def nap(seconds: float) -> float:
+        time.sleep(seconds)
+        return time.monotonic()
+
+    with running_worker(app, queues=["q"], concurrency=6):
+        nap.enqueue(0.01).result(timeout=10)
+        time.sleep(0.2)  # the one thread is idle now
+        began = time.monotonic()
+        jobs = nap.enqueue_many([(1.0,)] * 6)
+        ends = [job.result(timeout=30) for job in jobs]
+    assert max(ends) - began < 2.5, [round(e - began, 2) for e in ends]

@@ -9,6 +9,7 @@
 """
 
 from .app import Conveyor
+from .context import JobContext, current_job
 from .deadletters import DeadLetters
 from .encoding import Codec
 from .errors import (
@@ -18,11 +19,13 @@ from .errors import (
     JobCancelled,
     JobFailed,
     JobNotFound,
+    LeaseLost,
     NotReplicated,
     PartialEnqueue,
     PayloadTooLarge,
     ResultTimeout,
     SerializationError,
+    Snooze,
 )
 from .job import Job, JobInfo, JobState
 from .monitor import Advice, Backlog, Monitor, Stats, TaskActivity, Timing
@@ -43,11 +46,13 @@ __all__ = [
     "EncodingError",
     "Job",
     "JobCancelled",
+    "JobContext",
     "JobFailed",
     "JobInfo",
     "JobNotFound",
     "JobOptions",
     "JobState",
+    "LeaseLost",
     "Limits",
     "Monitor",
     "NotReplicated",
@@ -55,10 +60,12 @@ __all__ = [
     "PayloadTooLarge",
     "ResultTimeout",
     "SerializationError",
+    "Snooze",
     "Stats",
     "Task",
     "TaskActivity",
     "Timing",
     "Worker",
     "__version__",
+    "current_job",
 ]

@@ -11,8 +11,11 @@ Every error a user may want to catch derives from :class:`ConveyorError`::
     ├── NotReplicated                        a durable enqueue's jobs are stored, unconfirmed
     ├── JobNotFound (LookupError)            no record for this id (never existed or expired)
     ├── JobFailed                            the job is dead: its attempts are spent
-    ├── JobCancelled                         the job was cancelled before it ran
-    └── ResultTimeout (TimeoutError)         ``Job.result(timeout=...)`` ran out of time
+    ├── JobCancelled                         the job was cancelled
+    ├── ResultTimeout (TimeoutError)         ``Job.result(timeout=...)`` ran out of time
+    ├── LeaseLost                            a running job's step was refused: this run
+    │                                        lost its lease or is being cancelled
+    └── Snooze                               raised by a task: run me again later
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ class JobFailed(ConveyorError):
 
 
 class JobCancelled(ConveyorError):
-    """The job was cancelled before it ran."""
+    """The job was cancelled (before it ran, or while it ran)."""
 
     def __init__(self, job_id: str) -> None:
         super().__init__(f"job {job_id} was cancelled")
@@ -90,3 +93,29 @@ class JobCancelled(ConveyorError):
 
 class ResultTimeout(ConveyorError, TimeoutError):
     """The job did not finish within the time ``result()`` was given."""
+
+
+class LeaseLost(ConveyorError):
+    """Raised inside a running task when Redis refused to record one of its steps: the run
+    no longer holds its job's lease (another worker took the job over) or the job is being
+    cancelled. The run can record nothing more; let the exception end it."""
+
+    def __init__(self, job_id: str, why: str) -> None:
+        super().__init__(f"job {job_id}: {why}")
+        self.job_id = job_id
+
+
+class Snooze(ConveyorError):
+    """Raise inside a task to put its job back to ``scheduled`` for ``seconds``; the
+    attempt is not counted. A job snoozed more than ``Limits.snooze_cap`` times (100 by
+    default) ends dead with the reason.
+
+    :param seconds: how long to wait before the job runs again (>= 0)
+    """
+
+    def __init__(self, seconds: float) -> None:
+        seconds = float(seconds)
+        if not seconds >= 0:  # also refuses NaN
+            raise ValueError(f"Snooze needs seconds >= 0, got {seconds!r}")
+        super().__init__(f"snoozed for {seconds:g} s")
+        self.seconds = seconds

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import os
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +42,13 @@ class JobState(str, enum.Enum):
         return self in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
 
 
+def _fraction(value: Any) -> float | None:
+    number = _time(value)
+    if number is None or not 0.0 <= number <= 1.0:  # NaN fails both comparisons
+        return None
+    return number
+
+
 def _state(raw: str | None) -> tuple[JobState, str | None]:
     """The record's state, and a note when it is no job state (the record is corrupt:
     shown as dead, since no worker will run it as it stands)."""
@@ -74,6 +83,8 @@ class JobInfo:
     run_time: float | None
     error: str | None
     result: Any
+    progress: float | None = None  # 0-1, as the running task last reported it
+    progress_note: str | None = None
 
     @classmethod
     def from_record(
@@ -113,7 +124,14 @@ class JobInfo:
             run_time=run_time,
             error=corrupt or _text(get(b"error")) or None,
             result=result,
+            progress=_fraction(get(b"progress")),
+            progress_note=_text(get(b"progress_note")) or None,
         )
+
+
+def _cancel_text(reason: str | None) -> str:
+    who = f"cancelled by {socket.gethostname()}:{os.getpid()}"
+    return f"{who}: {reason}" if reason else who
 
 
 class Job(Generic[R]):
@@ -177,15 +195,24 @@ class Job(Generic[R]):
             return self._info(inline.record(self.queue, self.short_id))
         return self._info(await self._app.aredis().hgetall(self._keys.job(self.short_id)))
 
-    def cancel(self) -> bool:
-        """Cancel the job if it has not started; ``True`` if it was cancelled."""
-        call = calls.cancel(self._keys, self.short_id, self._app.limits)
-        return self._app.scripts.run(call) in ("scheduled", "retrying", "ready")
+    def cancel(self, reason: str | None = None) -> bool:
+        """Cancel the job; ``True`` if it was cancelled, or (running) is being cancelled.
 
-    async def acancel(self) -> bool:
+        A scheduled or ready job never runs. A running job's worker learns of the cancel
+        with its next heartbeat (within about a second): an async task is cancelled, a sync
+        one sees :attr:`conveyor.JobContext.cancelled`; the job ends ``cancelled`` and
+        anything that run records afterwards is refused. If its worker is dead, the job
+        ends ``cancelled`` when its lease expires, without running again.
+
+        :param reason: why, stored as the job's error after who cancelled it
+        """
+        call = calls.cancel(self._keys, self.short_id, self._app.limits, _cancel_text(reason))
+        return self._app.scripts.run(call) in calls.CANCELLABLE
+
+    async def acancel(self, reason: str | None = None) -> bool:
         """Async twin of :meth:`cancel`."""
-        call = calls.cancel(self._keys, self.short_id, self._app.limits)
-        return await self._app.ascripts().run(call) in ("scheduled", "retrying", "ready")
+        call = calls.cancel(self._keys, self.short_id, self._app.limits, _cancel_text(reason))
+        return await self._app.ascripts().run(call) in calls.CANCELLABLE
 
     def _outcome(self, info: JobInfo) -> tuple[bool, R]:
         if info.state == JobState.SUCCEEDED:

@@ -40,6 +40,7 @@ class QueueKeys:
     paused: str  # exists while the queue is paused
     metrics_prefix: str  # + bucket start (s) -> hash of counters and histograms
     schedule_prefix: str  # + periodic name -> last fired tick (periodic jobs)
+    cancelling: str  # zset short id -> when a cancel of the running job was asked (ms)
 
     def job(self, short_id: str) -> str:
         return self.job_prefix + short_id
@@ -72,6 +73,7 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
         paused=f"{tag}:paused",
         metrics_prefix=f"{tag}:m:",
         schedule_prefix=f"{tag}:schedule:",
+        cancelling=f"{tag}:cancelling",
     )
 
 

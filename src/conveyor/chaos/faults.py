@@ -40,7 +40,7 @@ FAULT_KINDS = {
     "poison-kill": "a job whose task SIGKILLs its worker process",
     "poison-exit": "a job whose task leaves its process with os._exit",
     "poison-hang": "a job whose sync task sleeps far past its timeout",
-    "cancel": "cancel of a delayed job before it is due",
+    "cancel": "cancel of a delayed job before it is due, and of a work job while it runs",
 }
 MIN_VICTIM_AGE = 1.5  # seconds: a worker still importing is not worth killing
 
@@ -91,18 +91,21 @@ class Injector:
     :param rng: the run's seeded generator
     :param poison: enqueues a poison job of a kind (``"raise"``, ...); returns its label
     :param cancel: cancels one delayed job; returns its label, or None if none was found
+    :param cancel_running: cancels one running job; its label, or None if none was found
     :param stop: set when the run is aborted (episodes end early)
     :param proxy: the proxy between one slot and Redis, when the run has one
     """
 
     def __init__(self, target: JobsRedis, fleet: Fleet, rng: random.Random,
                  poison: PoisonHook, cancel: Callable[[], str | None], stop: threading.Event,
-                 proxy: Any = None) -> None:
+                 proxy: Any = None,
+                 cancel_running: Callable[[], str | None] = lambda: None) -> None:
         self.target = target
         self.fleet = fleet
         self.rng = rng
         self.poison_hook = poison
         self.cancel_hook = cancel
+        self.cancel_running_hook = cancel_running
         self.stop = stop
         self.proxy = proxy
         self.began = time.monotonic()
@@ -229,5 +232,5 @@ class Injector:
         return self._poison("hang", 0)
 
     def _cancel(self) -> tuple[str, int] | None:
-        label = self.cancel_hook()
-        return None if label is None else (label, 0)
+        labels = [label for label in (self.cancel_hook(), self.cancel_running_hook()) if label]
+        return (", ".join(labels), 0) if labels else None

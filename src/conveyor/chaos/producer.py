@@ -119,6 +119,35 @@ class Producer:
             self.cancelled.add(label)
         return label
 
+    def cancel_running(self, looks: int = 20) -> str | None:
+        """Cancel a work job that is running now (among the latest enqueued); its label, or
+        None. A cancel that returns True must end the job cancelled, even when its run
+        finishes before its worker hears of the cancel."""
+        with self.lock:
+            recent = [label for label, (kind, _) in list(self.jobs.items())[-200:]
+                      if kind == "work" and label not in self.cancelled
+                      and label not in self.cancel_unknown]
+        for label in self.rng.sample(recent, min(looks, len(recent))):
+            job = self.jobs[label][1]
+            try:
+                running = job.info().state == "active"
+            except ERRORS:
+                return None
+            if not running:
+                continue
+            try:
+                done = job.cancel(reason="chaos")
+            except ERRORS:
+                with self.lock:
+                    self.cancel_unknown.add(label)
+                return None
+            if not done:
+                return None
+            with self.lock:
+                self.cancelled.add(label)
+            return label
+        return None
+
     def snapshot(self) -> dict[str, tuple[str, Job]]:
         with self.lock:
             return dict(self.jobs)

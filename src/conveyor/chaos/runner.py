@@ -151,7 +151,8 @@ class ChaosRun:
                proxy: ProxyLink | None) -> Producer:
         producer = Producer(tasks, self.profile, random.Random(self.seed), self.stop)
         injector = Injector(target, fleet, random.Random(self.seed + 1), producer.poison,
-                            producer.cancel, self.stop, proxy)
+                            producer.cancel, self.stop, proxy,
+                            cancel_running=producer.cancel_running)
         threads = [threading.Thread(target=producer.run, name="producer", daemon=True),
                    threading.Thread(target=self._schedule, args=(injector,), name="faults",
                                     daemon=True)]

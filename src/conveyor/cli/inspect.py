@@ -1,4 +1,5 @@
-"""Read and repair commands: ``conveyor job``, ``conveyor dead``, ``conveyor info``."""
+"""Read and repair commands: ``conveyor job``, ``conveyor cancel``, ``conveyor dead``,
+``conveyor info``."""
 
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ def job(app: Conveyor, job_id: str, as_json: bool) -> None:
     for name in ("id", "task", "queue", "tenant", "priority", "state"):
         table.add_row(name, str(getattr(info, name) if name != "state" else info.state.value))
     table.add_row("attempts", f"{info.attempts} of {info.max_attempts}")
+    if info.progress is not None:
+        note = f"  {info.progress_note}" if info.progress_note else ""
+        table.add_row("progress", f"{info.progress:.0%}{note}")
     for name in ("enqueued_at", "run_at", "started_at", "finished_at"):
         table.add_row(name, when(getattr(info, name)))
     table.add_row("wait_time", seconds(info.wait_time))
@@ -61,6 +65,28 @@ def job(app: Conveyor, job_id: str, as_json: bool) -> None:
     if info.result is not None:
         table.add_row("result", repr(info.result))
     console.print(table)
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--reason", default=None, help="Why (stored on the job after who cancelled it).")
+@app_options
+def cancel(app: Conveyor, job_id: str, reason: str | None) -> None:
+    """Cancel job JOB_ID: a waiting job never runs; a running one is stopped within about a
+    second and ends cancelled. Exits 1 when the job had already ended."""
+    try:
+        handle = app.job(job_id)
+        done = handle.cancel(reason=reason)
+        state = handle.info().state.value
+    except (JobNotFound, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not done:
+        click.echo(f"job {job_id} was not cancelled: it is {state}")
+        raise SystemExit(1)
+    if state == "active":
+        click.echo(f"job {job_id} is running: its worker has been asked to stop it")
+    else:
+        click.echo(f"job {job_id} cancelled")
 
 
 @main.group()

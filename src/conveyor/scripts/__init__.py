@@ -33,6 +33,8 @@ SCRIPT_NAMES = (
     "cancel",
     "requeue_dead",
     "purge_dead",
+    "progress",
+    "step",
 )
 
 

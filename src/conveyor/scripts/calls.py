@@ -24,13 +24,15 @@ KEYS: dict[str, tuple[str, ...]] = {
               "wake", "paused"),
     "finish": ("job_prefix", "leases", "delayed", "dead", "active", "idle", "dedupe_prefix",
                "events", "metrics_prefix", "wake"),
-    "heartbeat": ("job_prefix", "leases"),
+    "heartbeat": ("job_prefix", "leases", "cancelling"),
     "release": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "leases", "counts",
                 "active", "wake"),
-    "cancel": ("job_prefix", "delayed", "counts", "dedupe_prefix"),
+    "cancel": ("job_prefix", "delayed", "counts", "dedupe_prefix", "cancelling"),
     "requeue_dead": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "dead",
                      "counts", "wake"),
     "purge_dead": ("job_prefix", "dead"),
+    "progress": ("job_prefix",),
+    "step": ("job_prefix",),
 }
 ARGV: dict[str, tuple[str, ...]] = {
     "enqueue": ("now", "bucket_seconds", "bucket_ttl", "claim", "claim_tick", "claim_mode",
@@ -39,12 +41,14 @@ ARGV: dict[str, tuple[str, ...]] = {
     "fetch": ("now", "count", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
               "nonce"),
     "finish": ("now", "retention", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
-               "count"),
+               "snooze_cap", "count"),
     "heartbeat": ("now", "count"),
     "release": ("count",),
-    "cancel": ("now", "retention", "id"),
+    "cancel": ("now", "retention", "id", "reason"),
     "requeue_dead": ("limit",),
     "purge_dead": ("limit",),
+    "progress": ("count",),
+    "step": ("id", "token", "name", "value"),
 }
 
 
@@ -57,6 +61,7 @@ class Limits:
     events_maxlen: int = 100_000  # approximate cap of a queue's events stream
     bucket_seconds: int = 10  # width of a metric bucket
     bucket_ttl: int = 86_400  # lifetime of a metric bucket: the longest stats window
+    snooze_cap: int = 100  # most snoozes of one job; the next one makes it dead
 
 
 @cache
@@ -236,13 +241,14 @@ class Outcome:
 
     short_id: str
     token: str
-    outcome: str  # 'ok' | 'retry' | 'dead'
+    outcome: str  # 'ok' | 'retry' | 'dead' | 'snooze' | 'cancelled'
     started_at: float
     payload: bytes | str = b""
-    retry_delay_ms: int = 0
+    retry_delay_ms: int = 0  # the delay of a retry or a snooze
 
 
 FINISH_REFUSED, FINISH_SUCCEEDED, FINISH_RETRYING, FINISH_DEAD = 0, 1, 2, 3
+FINISH_CANCELLED, FINISH_SNOOZED = 4, 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,17 +268,21 @@ def finish(
 ) -> ScriptCall[Finished]:
     """Record ``outcomes``; only current fencing tokens are accepted."""
     args: list[Arg] = [_now(now), limits.retention, limits.dead_cap, limits.events_maxlen,
-                       limits.bucket_seconds, limits.bucket_ttl, len(outcomes)]
+                       limits.bucket_seconds, limits.bucket_ttl, limits.snooze_cap, len(outcomes)]
     for o in outcomes:
         args.extend((o.short_id, o.token, o.outcome, f"{o.started_at:.6f}", o.payload,
                      o.retry_delay_ms))
     return _call("finish", k, args, _parse_finish)
 
 
+BEAT_LOST, BEAT_KEPT, BEAT_CANCEL = 0, 1, 2
+
+
 def heartbeat(
     k: QueueKeys, leases: Sequence[tuple[str, str, int]], now: float | None = None
 ) -> ScriptCall[list[int]]:
-    """Extend leases given as (short id, token, extend_ms); 1 per lease kept, 0 per lost."""
+    """Extend leases given as (short id, token, extend_ms); per lease :data:`BEAT_KEPT`,
+    :data:`BEAT_LOST`, or :data:`BEAT_CANCEL` (kept, and the job is to be cancelled)."""
     args: list[Arg] = [_now(now), len(leases)]
     for short_id, token, extend_ms in leases:
         args.extend((short_id, token, extend_ms))
@@ -292,10 +302,14 @@ def release(
 
 
 def cancel(
-    k: QueueKeys, short_id: str, limits: Limits, now: float | None = None
+    k: QueueKeys, short_id: str, limits: Limits, reason: str = "", now: float | None = None
 ) -> ScriptCall[str]:
-    """Cancel a job that has not started; the reply is the state it was in."""
-    return _call("cancel", k, [_now(now), limits.retention, short_id], _text)
+    """Cancel a job (a running one: ask its holder to stop); the reply is the state it
+    was in."""
+    return _call("cancel", k, [_now(now), limits.retention, short_id, reason], _text)
+
+
+CANCELLABLE = ("scheduled", "retrying", "ready", "active")
 
 
 def requeue_dead(k: QueueKeys, short_ids: Sequence[str], limit: int = 1000) -> ScriptCall[int]:
@@ -306,3 +320,27 @@ def requeue_dead(k: QueueKeys, short_ids: Sequence[str], limit: int = 1000) -> S
 def purge_dead(k: QueueKeys, limit: int = 1000) -> ScriptCall[int]:
     """Delete up to ``limit`` dead jobs, oldest first."""
     return _call("purge_dead", k, [limit], int)
+
+
+def progress(k: QueueKeys, reports: Sequence[tuple[str, str, float, str]]) -> ScriptCall[list[int]]:
+    """Record progress given as (short id, token, fraction, note); 1 written, 0 refused
+    (a stale token, or a job being cancelled)."""
+    args: list[Arg] = [len(reports)]
+    for short_id, token, fraction, note in reports:
+        args.extend((short_id, token, repr(float(fraction)), note))
+    return _call("progress", k, args, lambda r: [int(c) for c in r])
+
+
+STEP_REFUSED, STEP_RECORDED, STEP_KEPT, STEP_CANCELLING = 0, 1, 2, 3
+
+
+def _parse_step(reply: list[Any]) -> tuple[int, bytes]:
+    value = reply[1]
+    return int(reply[0]), value if isinstance(value, bytes) else str(value).encode()
+
+
+def step(k: QueueKeys, short_id: str, token: str, name: str, value: bytes
+         ) -> ScriptCall[tuple[int, bytes]]:
+    """Record the encoded result of step ``name``: (:data:`STEP_RECORDED`, b''),
+    (:data:`STEP_KEPT`, the value recorded before), or a refusal with b''."""
+    return _call("step", k, [short_id, token, name, value], _parse_step)

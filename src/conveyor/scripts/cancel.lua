@@ -1,6 +1,9 @@
 #!lua
--- Cancel a job that has not started: a scheduled or retrying job leaves the delayed set; a
--- ready job is marked and skipped by the next fetch that meets it (O(1), no list scan).
+-- Cancel a job. One that has not started ends at once: a scheduled or retrying job leaves
+-- the delayed set; a ready job is marked and skipped by the next fetch that meets it (O(1),
+-- no list scan). A running job is only marked: its holder learns of the cancel with its
+-- next heartbeat (the `cancelling` set tells holders to beat sooner) and records the end;
+-- if the holder is dead, the job ends cancelled when its lease expires, and is not re-run.
 -- The record of a cancelled ready job gets its TTL only when that fetch removes it from
 -- its list ('keep' holds the retention until then): were it to expire while still listed,
 -- the fetch could not tell it from a ready job whose record was lost, and would take it
@@ -10,32 +13,46 @@
 -- KEYS[2] delayed
 -- KEYS[3] counts
 -- KEYS[4] dedupe_prefix
+-- KEYS[5] cancelling
 -- ARGV[1] now        '' for the server clock (ms override, tests only)
 -- ARGV[2] retention  seconds the cancelled record is kept
 -- ARGV[3] id         short id of the job
+-- ARGV[4] reason     who cancelled it and why (stored as the job's error)
 -- Returns: the state the job was in ('' when there is no such job); it was cancelled
---          only if that state was scheduled, retrying or ready
+--          (or, when 'active', marked for cancelling) only if that state was scheduled,
+--          retrying, ready or active
 --@include clock
 --@include finish
 
 local job_prefix, delayed, counts, dedupe_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local retention, id = tonumber(ARGV[2]), ARGV[3]
-if not retention or not id or id == '' then
+local cancelling = KEYS[5]
+local retention, id, reason = tonumber(ARGV[2]), ARGV[3], ARGV[4]
+if not retention or not id or id == '' or not reason then
   return redis.error_reply('ERR cancel: retention must be a number and id non-empty')
 end
+if reason == '' then reason = 'cancelled' end
 
 local key = job_prefix .. id
 local f = redis.call('HMGET', key, 'state', 'key')
 local state = f[1]
 if not state then return '' end
-if state == 'scheduled' or state == 'retrying' then
+local now = now_ms(ARGV[1])
+if state == 'active' then
+  if redis.call('HSETNX', key, 'cancel', reason) == 1 then
+    redis.call('HSET', key, 'cancel_ttl', retention)
+    redis.call('ZADD', cancelling, now, id)
+    -- Requests whose holder never answered (it died; the lease expiry settled the job).
+    redis.call('ZREMRANGEBYSCORE', cancelling, '-inf', now - 3600000)
+  end
+  return state
+elseif state == 'scheduled' or state == 'retrying' then
   redis.call('ZREM', delayed, id)
 elseif state == 'ready' then
   redis.call('HINCRBY', counts, 'ready', -1)
 else
   return state
 end
-redis.call('HSET', key, 'state', 'cancelled', 'finished_at', seconds(now_ms(ARGV[1])))
+redis.call('HSET', key, 'state', 'cancelled', 'finished_at', seconds(now), 'error', reason)
 if state == 'ready' then
   redis.call('HSET', key, 'keep', retention)
 else

@@ -1,6 +1,9 @@
 #!lua
 -- Record the outcome of a batch of attempts: success, failure (retry with a delay, or
--- dead when attempts are spent), or dead at once (unknown task, corrupt payload).
+-- dead when attempts are spent), dead at once (unknown task, corrupt payload), snoozed
+-- (back to scheduled, the attempt given back; dead past the cap of snoozes) or cancelled.
+-- A job someone asked to cancel ends cancelled whatever its run reports: a late result or
+-- retry of a cancelled run is refused.
 -- An outcome is accepted only with the fencing token of the job's current lease: a worker
 -- whose lease expired and was taken over cannot record anything, so one success is kept.
 --
@@ -20,31 +23,37 @@
 -- ARGV[4] events_maxlen   approximate cap of the events stream
 -- ARGV[5] bucket_seconds  width of a metric bucket
 -- ARGV[6] bucket_ttl      lifetime of a metric bucket (s)
--- ARGV[7] count           number of outcomes that follow, 6 fields each:
---         short id, token, outcome ('ok' | 'retry' | 'dead'), started_at (epoch s),
---         payload (encoded result for 'ok', error text otherwise), retry_delay_ms
+-- ARGV[7] snooze_cap      most snoozes of a job; one more makes it dead
+-- ARGV[8] count           number of outcomes that follow, 6 fields each:
+--         short id, token, outcome ('ok' | 'retry' | 'dead' | 'snooze' | 'cancelled'),
+--         started_at (epoch s), payload (encoded result for 'ok', error text otherwise),
+--         retry_delay_ms (the delay of a retry or a snooze)
 -- Returns: { codes: one per outcome, 0 refused (stale token), 1 succeeded, 2 retrying,
---            3 dead; short ids trimmed from the dead letters by the cap }
+--            3 dead, 4 cancelled, 5 snoozed; short ids trimmed from the dead letters by
+--            the cap }
 --@include clock
 --@include metrics
 --@include finish
 --@include ready
+--@include settle
 
 local job_prefix, leases, delayed, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local active, idle, dedupe_prefix, events = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local metrics_prefix, wake = KEYS[9], KEYS[10]
 local retention, dead_cap, events_maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local bucket_seconds, bucket_ttl, n = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local FIELDS, FIRST = 6, 8
-if not (retention and dead_cap and events_maxlen and bucket_seconds and bucket_ttl and n)
-    or #ARGV ~= FIRST - 1 + n * FIELDS then
+local bucket_seconds, bucket_ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
+local snooze_cap, n = tonumber(ARGV[7]), tonumber(ARGV[8])
+local FIELDS, FIRST = 6, 9
+local OUTCOMES = { ok = 1, retry = 1, dead = 1, snooze = 1, cancelled = 1 }
+if not (retention and dead_cap and events_maxlen and bucket_seconds and bucket_ttl and n
+    and snooze_cap) or #ARGV ~= FIRST - 1 + n * FIELDS then
   return redis.error_reply('ERR finish: expected numeric settings and ' .. tostring(n)
     .. ' outcomes of ' .. FIELDS .. ' fields')
 end
 for i = 0, n - 1 do
   local outcome = ARGV[FIRST + i * FIELDS + 2]
-  if outcome ~= 'ok' and outcome ~= 'retry' and outcome ~= 'dead' then
-    return redis.error_reply("ERR finish: outcome must be 'ok', 'retry' or 'dead', got " .. outcome)
+  if not OUTCOMES[outcome] then
+    return redis.error_reply('ERR finish: unknown outcome ' .. tostring(outcome))
   end
 end
 
@@ -58,7 +67,7 @@ for i = 0, n - 1 do
   local started_at, payload = ARGV[base + 3], ARGV[base + 4]
   local key = job_prefix .. id
   local f = redis.call('HMGET', key, 'state', 'token', 'task', 'attempts', 'max_attempts',
-    'key', 'enqueued_at', 'run_at', 'tenant', 'priority')
+    'key', 'enqueued_at', 'run_at', 'tenant', 'priority', 'cancel', 'snoozes')
   if f[1] ~= 'active' or f[2] ~= token then
     codes[#codes + 1] = 0
   else
@@ -66,32 +75,33 @@ for i = 0, n - 1 do
       tenant = f[9], priority = f[10], started_at = started_at, finished_at = now_s }
     done_leases[#done_leases + 1] = id
     done_tasks[job.task] = (done_tasks[job.task] or 0) + 1
-    local enqueued_at, run_at = tonumber(f[7]) or 0, tonumber(f[8]) or 0
-    local waited = (tonumber(started_at) or 0) - math.max(enqueued_at, run_at)
-    observe(tally, job.task, waited, now / 1000 - (tonumber(started_at) or now / 1000))
-    if outcome == 'retry' and (tonumber(f[4]) or 1) >= (tonumber(f[5]) or 1) then
-      outcome = 'dead'
+    outcome, payload = final_outcome(outcome, payload, f, snooze_cap)
+    if outcome ~= 'snooze' then
+      local enqueued_at, run_at = tonumber(f[7]) or 0, tonumber(f[8]) or 0
+      local waited = (tonumber(started_at) or 0) - math.max(enqueued_at, run_at)
+      observe(tally, job.task, waited, now / 1000 - (tonumber(started_at) or now / 1000))
     end
+    local due = now + (tonumber(ARGV[base + 5]) or 0)
     if outcome == 'ok' then
       job.state = 'succeeded'
-      redis.call('HSET', key, 'state', 'succeeded', 'token', '', 'result', payload,
-        'started_at', started_at, 'finished_at', now_s)
-      redis.call('EXPIRE', key, retention)
+      settle_succeeded(key, payload, started_at, now_s, retention)
       count(tally, job.task, 'succeeded', 1)
       codes[#codes + 1] = 1
     elseif outcome == 'retry' then
-      local due = now + (tonumber(ARGV[base + 5]) or 0)
-      redis.call('HSET', key, 'state', 'retrying', 'token', '', 'error', payload,
-        'started_at', started_at, 'finished_at', now_s, 'run_at', seconds(due))
-      redis.call('ZADD', delayed, due, id)
+      settle_retrying(key, delayed, id, payload, started_at, now_s, due)
       count(tally, job.task, 'failed', 1)
       count(tally, job.task, 'retried', 1)
-      retried = true
-      codes[#codes + 1] = 2
+      retried, codes[#codes + 1] = true, 2
+    elseif outcome == 'snooze' then
+      settle_snoozed(key, delayed, id, f[4], started_at, due)
+      retried, codes[#codes + 1] = true, 5
+    elseif outcome == 'cancelled' then
+      job.state, job.error = 'cancelled', payload
+      settle_cancelled(key, payload, started_at, now_s, retention)
+      codes[#codes + 1] = 4
     else
       job.state, job.error = 'dead', payload
-      redis.call('HSET', key, 'state', 'dead', 'token', '', 'error', payload,
-        'started_at', started_at, 'finished_at', now_s)
+      settle_dead(key, payload, started_at, now_s)
       for _, old in ipairs(bury(dead, job_prefix, id, now, dead_cap)) do
         trimmed[#trimmed + 1] = old
       end

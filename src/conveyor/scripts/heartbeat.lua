@@ -1,15 +1,18 @@
 #!lua
 -- Extend the leases of jobs a worker is still running. Only the holder of the current
 -- token may extend; a lease that was reclaimed stays lost and its job runs elsewhere.
+-- A job someone asked to cancel answers 2: the holder stops it and records the end.
 --
 -- KEYS[1] job_prefix
 -- KEYS[2] leases
+-- KEYS[3] cancelling
 -- ARGV[1] now     '' for the server clock (ms override, tests only)
 -- ARGV[2] count   number of leases that follow, 3 fields each: short id, token, extend_ms
--- Returns: one code per lease: 1 extended, 0 lost (the token is no longer current)
+-- Returns: one code per lease: 1 extended, 0 lost (the token is no longer current),
+--          2 extended, and the job is to be cancelled
 --@include clock
 
-local job_prefix, leases = KEYS[1], KEYS[2]
+local job_prefix, leases, cancelling = KEYS[1], KEYS[2], KEYS[3]
 local n = tonumber(ARGV[2])
 if not n or #ARGV ~= 2 + n * 3 then
   return redis.error_reply('ERR heartbeat: expected ' .. tostring(n) .. ' leases of 3 fields')
@@ -25,10 +28,15 @@ local codes = {}
 for i = 0, n - 1 do
   local base = 3 + i * 3
   local id = ARGV[base]
-  local f = redis.call('HMGET', job_prefix .. id, 'state', 'token')
+  local f = redis.call('HMGET', job_prefix .. id, 'state', 'token', 'cancel')
   if f[1] == 'active' and f[2] == ARGV[base + 1] then
     redis.call('ZADD', leases, 'XX', now + tonumber(ARGV[base + 2]), id)
-    codes[#codes + 1] = 1
+    if f[3] then
+      redis.call('ZREM', cancelling, id)  -- delivered: holders need not beat sooner for it
+      codes[#codes + 1] = 2
+    else
+      codes[#codes + 1] = 1
+    end
   else
     codes[#codes + 1] = 0
   end

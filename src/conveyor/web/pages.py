@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 NOTICES = {
     "requeued": ("ok", "Requeued {n} dead job(s)."),
     "purged": ("ok", "Purged {n} dead job(s)."),
-    "cancelled": ("ok", "Cancelled the job: it will not run."),
-    "not-cancelled": ("warn", "The job was not cancelled: it has already started or ended."),
+    "cancelled": ("ok", "Cancelled the job: it will not run (a running job is stopped within"
+                        " seconds)."),
+    "not-cancelled": ("warn", "The job was not cancelled: it has already ended."),
     "paused": ("ok", "Paused: the queue accepts jobs but hands none out."),
     "resumed": ("ok", "Resumed: workers take jobs from the queue again."),
     "bad-request": ("warn", "That action needs a queue or a job id it did not get."),

@@ -28,6 +28,7 @@ from .executor import Executor, Held
 from .leases import keep_leases
 from .loops import LoopDied, Loops
 from .outbox import Outbox
+from .progress import ProgressWriter
 from .registry import keep_registered
 from .server_check import check_server
 from .wake import WAKE_BLOCK_SECONDS, leave_markers, listen_for_wakeups
@@ -125,15 +126,19 @@ class Worker:
         self._more = dict.fromkeys(self.queues, True)
         self.next_due = dict.fromkeys(self.queues)
         client, runner = self.app.aredis(), self.app.ascripts()
+        self.progress = ProgressWriter(runner, self.app.keys)
         self.executor = Executor(self.app, self.clock, self.concurrency,
-                                 supervised=self.supervised, on_slot_back=self._slot_back)
-        self.outbox = Outbox(self.app, runner)
+                                 supervised=self.supervised, on_slot_back=self._slot_back,
+                                 progress=self.progress)
+        self.outbox = Outbox(self.app, runner, before_flush=self.progress.flush)
         self._install_signals()
         await check_server(client)
         self.loops = Loops(on_fatal=lambda _exc: self._request_stop())
         self.loops.start("wake listener", lambda: listen_for_wakeups(self))
         self.loops.start("lease heartbeat", lambda: keep_leases(
-            lambda: self.held.values(), self.leased, runner, self.app.keys))
+            lambda: self.held.values(), self.leased, runner, self.app.keys,
+            on_cancel=self._cancel, client=client))
+        self.loops.start("progress writer", self.progress.run)
         self.loops.start("outcome outbox", self.outbox.run)
         self.loops.start("worker registry", lambda: keep_registered(self))
         scheduler = Scheduler(self.app, self.queues, ServerClock())
@@ -170,7 +175,8 @@ class Worker:
     def free_slots(self) -> int:
         """Jobs this worker could lease now. A sync run that overran its timeout keeps its
         thread, and so its slot, until it returns."""
-        free = self.concurrency - len(self.held) - len(self.executor.stuck)
+        free = (self.concurrency - len(self.held) - len(self.executor.stuck)
+                - len(self.executor.winding_down))
         if self.max_jobs is not None:  # never lease more than it will run
             free = min(free, self.max_jobs - self.processed - len(self.held))
         return free
@@ -279,6 +285,22 @@ class Worker:
         self.slot_freed.set()
         assert self.nudge is not None
         self.nudge.set()
+
+    def _cancel(self, held: Held) -> None:
+        """Someone cancelled a job held here (its heartbeat said so): end the run now. An
+        async task is cancelled; a sync one sees ``ctx.cancelled`` and keeps its thread
+        until it returns. The job ends cancelled at once either way."""
+        if held.cancel_requested:
+            return
+        held.cancel_requested = True
+        if self.held.get((held.queue, held.leased.short_id)) is not held or held.withdrawn:
+            return
+        log.info("job %s~%s was cancelled while it ran here: stopping it", held.queue,
+                 held.leased.short_id)
+        self._finished(held, self.executor.cancelled(held))
+        held.withdraw(running_too=True)  # what the run reports later is dropped
+        if isinstance(held.task, asyncio.Task):
+            held.task.cancel()
 
     async def _sleep(self) -> None:
         """Wait for a wake-up, a free slot, or the earliest due time, whichever comes first."""

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import hooks
+from ..context import JobContext, enter, leave
+from ..errors import Snooze
 from ..scripts.calls import Leased, Outcome
 from .clock import ServerClock
 from .threads import ThreadRunner
@@ -43,6 +45,8 @@ class Held:
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
     next_beat: float | None = None  # loop time its lease is next due for a heartbeat
     lease_lost: bool = False
+    # Set (from the heartbeat) once someone cancelled the job; the task's context reads it.
+    cancel_requested: bool = False
     # Starting a run (a thread) and withdrawing the job (a stop) exclude each other.
     state: str = LEASED
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -93,16 +97,21 @@ class Executor:
     """Runs jobs: async tasks on the loop, sync tasks on a bounded set of threads."""
 
     def __init__(self, app: Conveyor, clock: ServerClock, threads: int, *,
-                 supervised: bool = False, on_slot_back: Callable[[], None] = lambda: None
-                 ) -> None:
-        """:param on_slot_back: called when an overrunning run returns its slot"""
+                 supervised: bool = False, on_slot_back: Callable[[], None] = lambda: None,
+                 progress: Any = None) -> None:
+        """:param on_slot_back: called when an overrunning or cancelled run returns its slot
+        :param progress: where tasks' progress reports go (a ``ProgressWriter``)
+        """
         self.app = app
+        self.progress = progress
         self.on_slot_back = on_slot_back
         self.supervised = supervised  # a supervisor replaces this process when stuck
         self.clock = clock
         self.threads = ThreadRunner(asyncio.get_running_loop(), threads)
         self.abandoned = 0  # sync runs that overran their timeout, in all
         self.stuck: dict[int, float] = {}  # id(Held) -> when it overran, while its thread runs
+        # id(Held) -> when it was cancelled, while its sync run still holds its thread
+        self.winding_down: dict[int, float] = {}
 
     def _dead(self, held: Held, reason: str) -> Outcome:
         return Outcome(held.leased.short_id, held.leased.token, "dead",
@@ -129,10 +138,13 @@ class Executor:
             return decoded
         task = self.app.tasks[held.leased.task]
         args, kwargs = decoded
+        enter(JobContext(self.app, held, self.progress))  # this asyncio task's own context
         try:
             with self._hooks(held, task):
                 value = await self._call(task, args, kwargs)
             return self._ok(held, self.app.codec.encode_result(value))
+        except Snooze as snooze:
+            return self._snooze(held, snooze)
         except _Overran:
             return self._retry(held, task, f"timeout: the task ran longer than {task.timeout} s")
         except asyncio.CancelledError:
@@ -185,6 +197,8 @@ class Executor:
                 log.warning("the overrunning run of job %s returned; its slot is free again",
                             held.leased.short_id)
                 self.on_slot_back()
+            elif self.winding_down.pop(id(held), None) is not None:
+                self.on_slot_back()
             if outcome is not None and held.state == RUNNING:
                 done(held, outcome)
 
@@ -206,9 +220,15 @@ class Executor:
             if isinstance(decoded, Outcome):
                 return decoded
             args, kwargs = decoded
-            with self._hooks(held, task):
-                value = task.fn(*args, **kwargs)
+            token = enter(JobContext(self.app, held, self.progress))
+            try:
+                with self._hooks(held, task):
+                    value = task.fn(*args, **kwargs)
+            finally:
+                leave(token)
             return self._ok(held, self.app.codec.encode_result(value))
+        except Snooze as snooze:
+            return self._snooze(held, snooze)
         except BaseException as exc:  # whatever the task raises ends in an outcome
             try:
                 return self._retry(held, task, describe(exc))
@@ -216,6 +236,16 @@ class Executor:
                 return self._dead(held, f"{type(exc).__name__} (could not be recorded)")
 
     def _overran(self, held: Held, task: Any, done: Callable[[Held, Outcome], None]) -> None:
+        since = self.winding_down.pop(id(held), None)
+        if since is not None:
+            # Cancelled, and still running past its timeout: as stuck as any overrun (a
+            # supervisor replaces the process); its job already ended cancelled.
+            self.abandoned += 1
+            self.stuck[id(held)] = since
+            log.error("task %s (job %s) was cancelled and still runs past its %s s timeout;"
+                      " its thread cannot be interrupted", task.name, held.leased.short_id,
+                      task.timeout)
+            return
         if held.state != RUNNING or held.task is None or held.task.done():
             return
         self.abandoned += 1
@@ -229,6 +259,20 @@ class Executor:
             task.timeout, len(self.stuck), remedy,
         )
         done(held, self._retry(held, task, f"timeout: the task ran longer than {task.timeout} s"))
+
+    def cancelled(self, held: Held) -> Outcome:
+        """The outcome that ends a run someone cancelled. A sync run still on its thread
+        keeps its slot until it returns (whatever it returns then is dropped)."""
+        if held.state == RUNNING and isinstance(held.task, asyncio.Future) and \
+                not isinstance(held.task, asyncio.Task) and not held.task.done():
+            self.winding_down[id(held)] = self.clock.now()
+        return Outcome(held.leased.short_id, held.leased.token, "cancelled",
+                       held.started_at or self.clock.now(), "")
+
+    def _snooze(self, held: Held, snooze: Snooze) -> Outcome:
+        return Outcome(held.leased.short_id, held.leased.token, "snooze",
+                       held.started_at or self.clock.now(), str(snooze),
+                       int(snooze.seconds * 1000))
 
     def _retry(self, held: Held, task: Any, error: str) -> Outcome:
         delay = task.retry_delay(held.leased.attempts)

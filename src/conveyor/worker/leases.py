@@ -6,6 +6,11 @@ one (or after it was leased); the loop sleeps until the earliest such time and i
 when a job is leased, so a job with a short timeout leased while the loop slept for a
 longer one still gets its first heartbeat in time. Leases due within the same short
 window go out together, one script call per queue.
+
+A cancel of a running job reaches its holder with a heartbeat. So that it lands within a
+second or two rather than a third of the visibility timeout, the loop also looks, every
+``CANCEL_POLL`` seconds while it holds jobs, whether any of them is in its queue's
+``cancelling`` set (one ``ZMSCORE`` per queue), and beats those at once.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from .executor import Held
 
 log = logging.getLogger("conveyor.worker")
 IDLE_WAIT = 5.0  # seconds between looks when nothing is held (a lease wakes it sooner)
+CANCEL_POLL = 0.5  # seconds between looks for cancels of held jobs
 BATCH_WINDOW = 0.25  # fraction of a job's interval by which it may be beaten early
 
 
@@ -31,16 +37,21 @@ def beat_interval(held: Held) -> float:
 
 
 async def keep_leases(held_jobs: Callable[[], Iterable[Held]], leased: asyncio.Event,
-                      runner: Any, keys: Callable[[str], Any]) -> None:
+                      runner: Any, keys: Callable[[str], Any],
+                      on_cancel: Callable[[Held], None] = lambda _held: None,
+                      client: Any = None) -> None:
     """Extend the leases of held jobs before a third of their visibility timeout passes.
 
     :param held_jobs: the jobs the worker holds now
     :param leased: set by the worker whenever it leases a job
     :param runner: the async script runner
     :param keys: queue name -> its key names
+    :param on_cancel: called with a held job whose heartbeat says it is to be cancelled
+    :param client: the async Redis client, to look for cancels (None: never look)
     """
     clock = asyncio.get_running_loop().time
     failures = 0
+    next_poll = clock()
     while True:
         now = clock()
         jobs = list(held_jobs())
@@ -48,25 +59,47 @@ async def keep_leases(held_jobs: Callable[[], Iterable[Held]], leased: asyncio.E
             if held.next_beat is None:
                 held.next_beat = now + beat_interval(held)
         wait = min((h.next_beat for h in jobs if h.next_beat is not None), default=now + IDLE_WAIT)
+        if jobs and client is not None:
+            wait = min(wait, next_poll)
         leased.clear()
         if wait > now:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(leased.wait(), wait - now)
             continue
-        due = [h for h in jobs
-               if h.next_beat is not None and h.next_beat - BATCH_WINDOW * beat_interval(h) <= now]
         try:
-            await _beat(due, runner, keys, now)
+            if jobs and client is not None and next_poll <= now:
+                next_poll = now + CANCEL_POLL
+                await _look_for_cancels(jobs, client, keys, now)
+            due = [h for h in jobs if h.next_beat is not None
+                   and h.next_beat - BATCH_WINDOW * beat_interval(h) <= now]
+            await _beat(due, runner, keys, now, on_cancel)
             failures = 0
         except REDIS_ERRORS as exc:
             failures += 1
-            pause = min(pause_after(failures), min(beat_interval(h) for h in due) / 2)
+            pause = min([pause_after(failures), CANCEL_POLL]
+                        + [beat_interval(h) / 2 for h in jobs])
             log.warning("could not extend leases (%s: %s); retrying in %.2f s",
                         type(exc).__name__, exc, pause)
             await asyncio.sleep(pause)
 
 
-async def _beat(due: list[Held], runner: Any, keys: Callable[[str], Any], now: float) -> None:
+async def _look_for_cancels(jobs: list[Held], client: Any, keys: Callable[[str], Any],
+                            now: float) -> None:
+    """Make the held jobs that someone asked to cancel due for a heartbeat now."""
+    by_queue: dict[str, list[Held]] = {}
+    for held in jobs:
+        if not held.cancel_requested:
+            by_queue.setdefault(held.queue, []).append(held)
+    for queue, held_here in by_queue.items():
+        scores = await client.zmscore(keys(queue).cancelling,
+                                      [h.leased.short_id for h in held_here])
+        for held, score in zip(held_here, scores, strict=True):
+            if score is not None:
+                held.next_beat = now
+
+
+async def _beat(due: list[Held], runner: Any, keys: Callable[[str], Any], now: float,
+                on_cancel: Callable[[Held], None]) -> None:
     by_queue: dict[str, list[Held]] = {}
     for held in due:
         by_queue.setdefault(held.queue, []).append(held)
@@ -78,7 +111,9 @@ async def _beat(due: list[Held], runner: Any, keys: Callable[[str], Any], now: f
             if held.leased.token != lease[1]:
                 continue  # leased again meanwhile: the next beat carries the new token
             held.next_beat = now + beat_interval(held)
-            if not code and not held.lease_lost:
+            if code == calls.BEAT_CANCEL:
+                on_cancel(held)
+            elif not code and not held.lease_lost:
                 held.lease_lost = True
                 lost.append(lease[0])
         if lost:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..alerts import alerter_for
@@ -29,9 +30,15 @@ HOOK_READ_TRIES = 8  # about 10 s of back-off
 
 
 class Outbox:
-    def __init__(self, app: Conveyor, runner: Any) -> None:
+    def __init__(self, app: Conveyor, runner: Any,
+                 before_flush: Callable[[set[tuple[str, str]]], Awaitable[None]] | None = None
+                 ) -> None:
+        """:param before_flush: awaited with the (queue, short id) of the outcomes about to
+            be sent (the worker writes their progress still pending, which the outcomes
+            would make too late to write)"""
         self.app = app
         self.runner = runner
+        self.before_flush = before_flush
         self.pending: dict[str, list[calls.Outcome]] = {}
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
@@ -69,18 +76,32 @@ class Outbox:
                 self._idle.set()
 
     async def _flush_once(self) -> None:
-        for queue in list(self.pending):
-            batch = self.pending.pop(queue, [])
-            if not batch:
-                continue
-            try:
+        # Taken before the progress is written: every outcome taken was reported after its
+        # run's last progress, so that progress goes out first (after the outcome it would
+        # be refused, the job no longer being active).
+        batches = [(queue, batch) for queue in list(self.pending)
+                   if (batch := self.pending.pop(queue, []))]
+        try:
+            await self._before_flush({(queue, o.short_id) for queue, batch in batches
+                                      for o in batch})
+            for i, (queue, batch) in enumerate(batches):
                 done = await self.runner.run(
                     calls.finish(self.app.keys(queue), batch, self.app.limits)
                 )
-            except BaseException:
-                self.pending.setdefault(queue, [])[:0] = batch  # keep order, try again
-                raise
-            self._after(queue, batch, done)
+                batches[i] = (queue, [])
+                self._after(queue, batch, done)
+        except BaseException:
+            for queue, batch in batches:  # keep order, try again
+                self.pending.setdefault(queue, [])[:0] = batch
+            raise
+
+    async def _before_flush(self, jobs: set[tuple[str, str]]) -> None:
+        if self.before_flush is None or not jobs:
+            return
+        try:
+            await self.before_flush(jobs)
+        except ERRORS as exc:  # progress is not worth holding outcomes back for
+            log.debug("could not write pending progress before outcomes: %s", exc)
 
     def _after(self, queue: str, batch: list[calls.Outcome], done: calls.Finished) -> None:
         refused = [o.short_id for o, c in zip(batch, done.codes, strict=True)

@@ -52,13 +52,15 @@ class ThreadRunner:
         self._inbox.put((on_done, fn, arg))
         if not self._threads:
             self._grow()
-        elif not self._grow_scheduled and self._idle == 0:
+        elif not self._grow_scheduled and self._inbox.qsize() > self._idle:
+            # More calls waiting than idle threads (not just "no idle thread": a batch that
+            # arrives while one thread idles would otherwise run one call at a time).
             self._grow_scheduled = True
             self._loop.call_later(GROW_AFTER, self._grow_if_waiting)
 
     def _grow_if_waiting(self) -> None:
         self._grow_scheduled = False
-        if not self._inbox.empty() and self._idle == 0:
+        if self._inbox.qsize() > self._idle:
             self._grow()
             if len(self._threads) < self._max:  # still behind: look again soon
                 self._grow_scheduled = True

@@ -33,6 +33,19 @@ local function promote_due(k, now, limit, cfg, tally, out)
   return promoted
 end
 
+-- A job someone asked to cancel whose holder died before it learned of it: it ends
+-- cancelled now rather than run again.
+local function cancel_lapsed(k, cfg, now, id, r)
+  local finished_at = seconds(now)
+  redis.call('HSET', k.job_prefix .. id, 'state', 'cancelled', 'token', '', 'error', r.cancel,
+    'finished_at', finished_at)
+  redis.call('EXPIRE', k.job_prefix .. id, tonumber(r.cancel_ttl) or 86400)
+  free_dedupe_key(k.dedupe_prefix, r.key, id)
+  emit_event(k.events, cfg.events_maxlen, id, { task = r.task, state = 'cancelled',
+    attempts = r.attempts or '0', enqueued_at = r.enqueued_at, run_at = r.run_at,
+    started_at = r.started_at, finished_at = finished_at, tenant = r.tenant, error = r.cancel })
+end
+
 -- Set every task's active count to the number of leased jobs whose record says it is
 -- active. Only needed when a leased job's record vanished or names another task than the
 -- one counted (so which count it holds is unknown): O(leases), on that rare path only.
@@ -74,7 +87,10 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
     redis.call('ZREM', k.leases, id)
     local key = k.job_prefix .. id
     local r = read_record(key)
-    if r.state == 'active' then
+    if r.state == 'active' and r.cancel then
+      if release_active(k.active, r.task) then vanished = true end
+      cancel_lapsed(k, cfg, now, id, r)
+    elseif r.state == 'active' then
       if release_active(k.active, r.task) then vanished = true end
       count(tally, r.task, 'failed', 1)
       local attempts = r.attempts or '1'

@@ -48,11 +48,11 @@ end
 -- Reads the fields record_problem checks (plus what a dead letter needs) as a table.
 local function read_record(key)
   local f = redis.call('HMGET', key, 'state', 'priority', 'attempts', 'max_attempts', 'vt',
-    'task', 'tenant', 'key', 'enqueued_at', 'run_at', 'started_at')
+    'task', 'tenant', 'key', 'enqueued_at', 'run_at', 'started_at', 'cancel', 'cancel_ttl')
   return { state = f[1] or nil, priority = f[2] or nil, attempts = f[3] or nil,
     max_attempts = f[4] or nil, vt = f[5] or nil, task = f[6] or '', tenant = f[7] or nil,
     key = f[8] or nil, enqueued_at = f[9] or nil, run_at = f[10] or nil,
-    started_at = f[11] or nil }
+    started_at = f[11] or nil, cancel = f[12] or nil, cancel_ttl = f[13] or nil }
 end
 
 -- For a record met through a list or set that does not hold jobs of its state (a ready

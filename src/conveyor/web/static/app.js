@@ -216,6 +216,8 @@
       if (!document.querySelector("[data-f=state]")) return;
       const stop = poll(() => `/api/jobs/${seg(id)}`, 1500, (data) => {
         bind(data);
+        const bar = document.getElementById("progress-bar");
+        if (bar) bar.style.width = `${((data.progress || 0) * 100).toFixed(1)}%`;
         const badge = document.querySelector("[data-f=state]");
         badge.className = "badge s-" + data.state;
         document.getElementById("error-panel").hidden = !data.error;

@@ -1,0 +1,48 @@
+-- The ends of a run that `finish` records, one function per outcome. Each writes the job
+-- record only; the caller releases the lease and the active slot for the whole batch.
+
+-- What a run's report becomes: a job being cancelled ends cancelled whatever its run says
+-- (f[11] is the cancel reason); a retry with no attempt left, or a snooze past the cap, is
+-- dead. f holds the record's fields as finish reads them (attempts f[4], max f[5], snoozes
+-- f[12]).
+local function final_outcome(outcome, payload, f, snooze_cap)
+  if f[11] then return 'cancelled', f[11] end
+  if outcome == 'retry' and (tonumber(f[4]) or 1) >= (tonumber(f[5]) or 1) then
+    return 'dead', payload
+  end
+  if outcome == 'snooze' and (tonumber(f[12]) or 0) >= snooze_cap then
+    return 'dead', 'snoozed ' .. tostring(snooze_cap) .. ' times: the cap of snoozes is reached'
+  end
+  return outcome, payload
+end
+
+local function settle_succeeded(key, payload, started_at, now_s, retention)
+  redis.call('HSET', key, 'state', 'succeeded', 'token', '', 'result', payload,
+    'started_at', started_at, 'finished_at', now_s)
+  redis.call('EXPIRE', key, retention)
+end
+
+local function settle_retrying(key, delayed, id, payload, started_at, now_s, due)
+  redis.call('HSET', key, 'state', 'retrying', 'token', '', 'error', payload,
+    'started_at', started_at, 'finished_at', now_s, 'run_at', seconds(due))
+  redis.call('ZADD', delayed, due, id)
+end
+
+-- Snoozed: back to scheduled, the attempt given back, the snooze counted.
+local function settle_snoozed(key, delayed, id, attempts, started_at, due)
+  redis.call('HSET', key, 'state', 'scheduled', 'token', '', 'started_at', started_at,
+    'run_at', seconds(due), 'attempts', math.max(0, (tonumber(attempts) or 1) - 1))
+  redis.call('HINCRBY', key, 'snoozes', 1)
+  redis.call('ZADD', delayed, due, id)
+end
+
+local function settle_cancelled(key, reason, started_at, now_s, retention)
+  redis.call('HSET', key, 'state', 'cancelled', 'token', '', 'error', reason,
+    'started_at', started_at, 'finished_at', now_s)
+  redis.call('EXPIRE', key, retention)
+end
+
+local function settle_dead(key, payload, started_at, now_s)
+  redis.call('HSET', key, 'state', 'dead', 'token', '', 'error', payload,
+    'started_at', started_at, 'finished_at', now_s)
+end
