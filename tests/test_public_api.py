@@ -3,9 +3,9 @@ import conveyor
 EXPECTED = [
     "Advice", "Backlog", "Codec", "ConfigurationError", "Conveyor", "ConveyorError",
     "DeadLetters", "EncodingError", "Job", "JobCancelled", "JobFailed", "JobInfo", "JobNotFound",
-    "JobOptions", "JobState", "Limits", "Monitor", "NotReplicated", "PartialEnqueue",
+    "JobOptions", "JobState", "Limits", "Monitor", "Node", "NotReplicated", "PartialEnqueue",
     "PayloadTooLarge", "ResultTimeout", "SerializationError", "Stats", "Task", "TaskActivity",
-    "Timing", "Worker", "__version__",
+    "Timing", "Worker", "Workflow", "WorkflowHandle", "WorkflowInfo", "__version__", "chain",
 ]
 
 

@@ -29,6 +29,7 @@ from .monitor import Advice, Backlog, Monitor, Stats, TaskActivity, Timing
 from .scripts.calls import Limits
 from .task import JobOptions, Task
 from .worker import Worker
+from .workflow import Node, Workflow, WorkflowHandle, WorkflowInfo, chain
 
 __version__ = "0.1.0"
 
@@ -50,6 +51,7 @@ __all__ = [
     "JobState",
     "Limits",
     "Monitor",
+    "Node",
     "NotReplicated",
     "PartialEnqueue",
     "PayloadTooLarge",
@@ -60,5 +62,9 @@ __all__ = [
     "TaskActivity",
     "Timing",
     "Worker",
+    "Workflow",
+    "WorkflowHandle",
+    "WorkflowInfo",
     "__version__",
+    "chain",
 ]

@@ -40,9 +40,22 @@ class QueueKeys:
     paused: str  # exists while the queue is paused
     metrics_prefix: str  # + bucket start (s) -> hash of counters and histograms
     schedule_prefix: str  # + periodic name -> last fired tick (periodic jobs)
+    handover: str  # list of short ids of workflow nodes that ended, children not yet told
+    workflow_prefix: str  # + workflow short id -> hash: the workflow's nodes (home queue)
+    waiting_prefix: str  # + node short id -> hash parent id -> '' (succeeded) | reason
 
     def job(self, short_id: str) -> str:
         return self.job_prefix + short_id
+
+    def workflow(self, short_id: str) -> str:
+        return self.workflow_prefix + short_id
+
+    def workflow_ended(self, short_id: str) -> str:
+        """Set of the workflow's nodes whose end was handed over (``workflow_settle``)."""
+        return self.workflow_prefix + short_id + ":ended"
+
+    def waiting(self, short_id: str) -> str:
+        return self.waiting_prefix + short_id
 
     def metrics(self, bucket: int) -> str:
         return f"{self.metrics_prefix}{bucket}"
@@ -72,6 +85,11 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
         paused=f"{tag}:paused",
         metrics_prefix=f"{tag}:m:",
         schedule_prefix=f"{tag}:schedule:",
+        # Scripts that end jobs derive this name from the hash tag of their job_prefix
+        # (include/finish.lua, handover_key): keep the two in step.
+        handover=f"{tag}:wf:handover",
+        workflow_prefix=f"{tag}:wf:",
+        waiting_prefix=f"{tag}:wf:wait:",
     )
 
 

@@ -31,6 +31,9 @@ SCRIPT_NAMES = (
     "cancel",
     "requeue_dead",
     "purge_dead",
+    "workflow_enqueue",
+    "workflow_release",
+    "workflow_settle",
 )
 
 

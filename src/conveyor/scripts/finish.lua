@@ -24,7 +24,8 @@
 --         short id, token, outcome ('ok' | 'retry' | 'dead'), started_at (epoch s),
 --         payload (encoded result for 'ok', error text otherwise), retry_delay_ms
 -- Returns: { codes: one per outcome, 0 refused (stale token), 1 succeeded, 2 retrying,
---            3 dead; short ids trimmed from the dead letters by the cap }
+--            3 dead; short ids trimmed from the dead letters by the cap;
+--            how many of the jobs that ended were workflow nodes queued for hand-over }
 --@include clock
 --@include metrics
 --@include finish
@@ -50,7 +51,7 @@ end
 
 local now = now_ms(ARGV[1])
 local now_s = seconds(now)
-local codes, trimmed, retried = {}, {}, false
+local codes, trimmed, retried, handed = {}, {}, false, 0
 local tally, done_leases, done_tasks = new_tally(), {}, {}
 for i = 0, n - 1 do
   local base = FIRST + i * FIELDS
@@ -102,6 +103,7 @@ for i = 0, n - 1 do
     if job.state ~= nil then
       free_dedupe_key(dedupe_prefix, f[6], id)
       emit_event(events, events_maxlen, id, job)
+      handed = handed + hand_over(job_prefix, id)
     end
   end
 end
@@ -116,4 +118,4 @@ end
 write_tally(tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
 -- A retry may now be the earliest due job: idle workers must re-arm their timers.
 if retried then wake_one(wake) end
-return { codes, trimmed }
+return { codes, trimmed, handed }

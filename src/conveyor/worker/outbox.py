@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..alerts import alerter_for
@@ -40,6 +41,8 @@ class Outbox:
         self.alerter = alerter_for(app.alert_webhook)  # dead jobs -> webhook
         self._closed = False
         self._hook_tasks: set[asyncio.Task[None]] = set()
+        #: awaited with a queue whose acknowledgements queued workflow hand-overs
+        self.on_handover: Callable[[str], Awaitable[None]] | None = None
 
     def add(self, queue: str, outcome: calls.Outcome) -> None:
         self.pending.setdefault(queue, []).append(outcome)
@@ -81,6 +84,8 @@ class Outbox:
                 self.pending.setdefault(queue, [])[:0] = batch  # keep order, try again
                 raise
             self._after(queue, batch, done)
+            if done.handed_over and self.on_handover is not None:
+                await self.on_handover(queue)
 
     def _after(self, queue: str, batch: list[calls.Outcome], done: calls.Finished) -> None:
         refused = [o.short_id for o, c in zip(batch, done.codes, strict=True)

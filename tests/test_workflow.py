@@ -1,0 +1,292 @@
+"""Workflows end to end on a real Redis with a real worker: order, results passed on,
+failure and cancellation cascades, run_if="finished", idempotent hand-overs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import conveyor
+from conveyor.scripts import calls
+from conveyor.workflow import batch, parent_results
+from conveyor.workflow.handover import drain_sync
+from helpers import running_worker, wait_until
+
+
+def test_a_cycle_is_refused_before_anything_is_stored(app: conveyor.Conveyor) -> None:
+    @app.task
+    def f() -> None: ...
+
+    wf = app.workflow()
+    wf.add(f, name="a", after=["c"])
+    wf.add(f, name="b", after=["a"])
+    wf.add(f, name="c", after=["b"])
+    cycle = r"cycle: (a -> b -> c -> a|b -> c -> a -> b|c -> a -> b -> c)"
+    with pytest.raises(conveyor.ConfigurationError, match=cycle):
+        wf.enqueue()
+    assert not list(app.redis.scan_iter(match=f"*{app.namespace}*"))
+    wf2 = app.workflow()
+    wf2.add(f, name="x", after=["nope"])
+    with pytest.raises(conveyor.ConfigurationError, match="'nope'"):
+        wf2.enqueue()
+    with pytest.raises(conveyor.ConfigurationError, match="already has a node"):
+        wf2.add(f, name="x")
+    with pytest.raises(conveyor.ConfigurationError, match="run_if"):
+        wf2.add(f, run_if="sometimes")
+
+
+def test_default_names_and_waiting_nodes_are_not_ready(app: conveyor.Conveyor) -> None:
+    @app.task(name="t.f")
+    def f(x: int) -> int:
+        return x
+
+    wf = app.workflow()
+    a = wf.add(f, 1)
+    b = wf.add(f, 2, after=[a])
+    assert (a.name, b.name) == ("t.f#1", "t.f#2")
+    handle = wf.enqueue()
+    info = handle.info()
+    assert info.state == "running"
+    assert info.nodes["t.f#1"].state == conveyor.JobState.READY
+    assert info.nodes["t.f#2"].state == conveyor.JobState.SCHEDULED  # waiting: not ready
+    assert app.redis.hget(app.keys("default").counts, "ready") == b"1"
+    assert app.redis.zcard(app.keys("default").delayed) == 0
+    assert app.workflow_handle(handle.id).info().counts == {"ready": 1, "scheduled": 1}
+
+
+def test_diamond_runs_in_dependency_order_with_results_passed(app: conveyor.Conveyor) -> None:
+    order: list[str] = []
+
+    @app.task
+    def step(label: str, job_hint: str) -> str:
+        order.append(label)
+        return label.upper()
+
+    @app.task
+    def join(label: str) -> dict[str, Any]:
+        order.append(label)
+        return {"seen": sorted(order)}
+
+    wf = app.workflow()
+    top = wf.add(step, "top", "", name="top")
+    left = wf.add(step, "left", "", name="left", after=[top])
+    right = wf.add(step, "right", "", name="right", after=[top])
+    wf.add(join, "bottom", name="bottom", after=[left, right])
+    with running_worker(app, concurrency=4):
+        results = wf.enqueue().result(timeout=30)
+    assert order[0] == "top" and order[-1] == "bottom"
+    assert set(order[1:3]) == {"left", "right"}
+    assert results["top"] == "TOP"
+    assert results["bottom"] == {"seen": ["bottom", "left", "right", "top"]}
+
+
+def test_fan_in_reads_its_parents_results(app: conveyor.Conveyor) -> None:
+    seen: dict[str, Any] = {}
+
+    @app.task
+    def part(i: int) -> int:
+        return i * i
+
+    @app.task
+    def total(node_id_box: str) -> int:
+        # the test finds the running job by its node: its id is in the workflow's info
+        results = parent_results(app, node_id_box)
+        seen.update(results)
+        return sum(results.values())
+
+    wf = app.workflow()
+    parts = [wf.add(part, i, name=f"part{i}") for i in range(10)]
+    fan_in = wf.add(total, "", name="total", after=parts)
+    handle = wf.enqueue()
+    # Point the fan-in at its own id (known once planned): store it as its argument.
+    node_id = handle.info().nodes["total"].id
+    queue, short = node_id.split("~")
+    app.redis.hset(app.keys(queue).job(short), "args",
+                   app.codec.encode_args(total.name, (node_id,), {}))
+    with running_worker(app, concurrency=4):
+        results = handle.result(timeout=30)
+    assert results["total"] == sum(i * i for i in range(10))
+    assert seen == {f"part{i}": i * i for i in range(10)}
+    assert fan_in.name == "total"
+
+
+def test_a_dead_parent_cancels_descendants_with_the_reason(app: conveyor.Conveyor) -> None:
+    ran: list[str] = []
+
+    @app.task(retries=0)
+    def boom() -> None:
+        raise RuntimeError("kaput")
+
+    @app.task
+    def after(label: str) -> str:
+        ran.append(label)
+        return label
+
+    wf = app.workflow()
+    b = wf.add(boom, name="boom")
+    child = wf.add(after, "child", name="child", after=[b])
+    wf.add(after, "grandchild", name="grandchild", after=[child])
+    wf.add(after, "cleanup", name="cleanup", after=[b], run_if="finished")
+    handle = wf.enqueue()
+    with running_worker(app, concurrency=2), pytest.raises(conveyor.JobFailed, match="kaput"):
+        handle.result(timeout=30)
+    info = handle.info()
+    assert info.state == "failed"
+    assert info.nodes["child"].state == conveyor.JobState.CANCELLED
+    assert "parent 'boom'" in (info.nodes["child"].error or "")
+    assert "kaput" in (info.nodes["child"].error or "")
+    assert info.nodes["grandchild"].state == conveyor.JobState.CANCELLED
+    assert "parent 'child'" in (info.nodes["grandchild"].error or "")
+    assert info.nodes["cleanup"].state == conveyor.JobState.SUCCEEDED
+    assert ran == ["cleanup"]
+    assert info.counts == {"dead": 1, "cancelled": 2, "succeeded": 1}
+
+
+def test_cancel_mid_workflow_stops_what_has_not_started(app: conveyor.Conveyor) -> None:
+    gate = threading.Event()
+    ran: list[str] = []
+
+    @app.task
+    def slow() -> str:
+        gate.wait(20)
+        return "slow"
+
+    @app.task
+    def later(label: str) -> None:
+        ran.append(label)
+
+    wf = app.workflow()
+    s = wf.add(slow, name="slow")
+    a = wf.add(later, "a", name="a", after=[s])
+    wf.add(later, "b", name="b", after=[a])
+    handle = wf.enqueue()
+    with running_worker(app, concurrency=2):
+        wait_until(lambda: handle.info().nodes["slow"].state == conveyor.JobState.ACTIVE, 10)
+        assert handle.cancel() == 2
+        gate.set()
+        with pytest.raises(conveyor.JobCancelled):
+            handle.result(timeout=30)
+        time.sleep(0.3)
+    info = handle.info()
+    assert info.nodes["slow"].state == conveyor.JobState.SUCCEEDED
+    assert info.state == "cancelled" and ran == []
+    # every hand-over was drained and nothing is left waiting
+    k = app.keys("default")
+    wait_until(lambda: app.redis.llen(k.handover) == 0, 10)
+    assert not list(app.redis.scan_iter(match=k.waiting_prefix + "*"))
+
+
+def test_hand_overs_are_idempotent(app: conveyor.Conveyor) -> None:
+    """A repeated hand-over (a retry, a second drainer, a restarted worker) counts once."""
+    @app.task
+    def f() -> None: ...
+
+    wf = app.workflow()
+    a, b = wf.add(f, name="a"), wf.add(f, name="b")
+    wf.add(f, name="c", after=[a, b])
+    handle = wf.enqueue()
+    ids = {n: i.id for n, i in handle.info().nodes.items()}
+    k = app.keys("default")
+    c_short = ids["c"].split("~")[1]
+    release = calls.workflow_release(k, [(c_short, ids["a"], "")] * 3, app.limits)
+    assert app.scripts.run(release) == (0, 0)
+    assert handle.info().nodes["c"].state == conveyor.JobState.SCHEDULED
+    release = calls.workflow_release(k, [(c_short, ids["b"], ""), (c_short, ids["a"], "")],
+                                     app.limits)
+    assert app.scripts.run(release) == (1, 0)
+    assert app.scripts.run(release) == (0, 0)
+    assert handle.info().nodes["c"].state == conveyor.JobState.READY
+    assert app.redis.hget(k.counts, "ready") == b"3"
+    assert app.redis.llen(k.ready_prefix + "5:") == 3
+
+
+def test_a_child_stored_after_its_parent_ended_is_settled_on_store(
+    app: conveyor.Conveyor,
+) -> None:
+    """Nodes of different queues are stored one queue at a time: a parent may end first."""
+    @app.task(queue="first")
+    def parent() -> None: ...
+
+    @app.task(queue="second")
+    def child() -> None: ...
+
+    wf = app.workflow()
+    p = wf.add(parent, name="p")
+    wf.add(child, name="c", after=[p])
+    from conveyor.workflow.store import plan
+
+    planned = plan(app, wf)
+    (q1, call1, shorts1), (q2, call2, shorts2) = planned.calls
+    assert (q1, q2) == ("first", "second")
+    app.scripts.run(call1)
+    # the parent ran and ended before the second queue was stored
+    c_short = shorts2[0]
+    p_id = f"first~{shorts1[0]}"
+    app.scripts.run(calls.workflow_release(app.keys("second"), [(c_short, p_id, "")],
+                                           app.limits))
+    assert app.redis.ttl(app.keys("second").waiting(c_short)) > 0  # kept, not for ever
+    app.scripts.run(call2)
+    handle = app.workflow_handle(planned.id)
+    assert handle.info().nodes["c"].state == conveyor.JobState.READY
+    assert not app.redis.exists(app.keys("second").waiting(c_short))
+
+
+def test_batch_helper_and_chain(app: conveyor.Conveyor) -> None:
+    @app.task
+    def send(i: int) -> int:
+        return i
+
+    @app.task
+    def report() -> str:
+        return "done"
+
+    handle = app.batch(send, [(i,) for i in range(20)], then=report)
+    wf = app.workflow()
+    nodes = conveyor.chain(wf, (send, 1), (send, 2), report)
+    assert [n.after for n in nodes[1:]] == [(nodes[0],), (nodes[1],)]
+    wf2 = app.workflow()
+    _sends, done = batch(wf2, send, [1, 2, 3], then=report)
+    assert done is not None and len(done.after) == 3
+    with running_worker(app, concurrency=8):
+        results = handle.result(timeout=30)
+        assert wf.enqueue().result(timeout=30)[f"{report.name}#1"] == "done"
+    assert results[f"{report.name}#1"] == "done"
+    assert [results[f"{send.name}#{i + 1}"] for i in range(20)] == list(range(20))
+
+
+def test_records_expire_once_the_workflow_ended(app: conveyor.Conveyor) -> None:
+    @app.task
+    def f() -> None: ...
+
+    wf = app.workflow()
+    a = wf.add(f, name="a")
+    wf.add(f, name="b", after=[a])
+    handle = wf.enqueue()
+    k = app.keys("default")
+    assert app.redis.ttl(k.workflow(handle.short_id)) == -1  # running: kept
+    with running_worker(app, concurrency=2):
+        handle.result(timeout=30)
+        wait_until(lambda: app.redis.ttl(k.workflow(handle.short_id)) > 0, 15)
+    assert app.redis.ttl(k.workflow_ended(handle.short_id)) > 0
+    assert app.redis.llen(k.handover) == 0
+    assert not list(app.redis.scan_iter(match=k.waiting_prefix + "*"))
+
+
+def test_handover_key_derived_in_lua_matches_keys_module(app: conveyor.Conveyor) -> None:
+    @app.task(queue="odd:name")
+    def f() -> None: ...
+
+    job = f.enqueue()
+    job.cancel()
+    k = app.keys("odd:name")
+    assert app.redis.llen(k.handover) == 0  # not a workflow node: nothing handed over
+    wf = app.workflow()
+    wf.add(f, name="x", after=[wf.add(f, name="w")])
+    handle = wf.enqueue()
+    handle.cancel()
+    assert app.redis.llen(k.handover) == 2
+    drain_sync(app, ["odd:name"])
+    assert app.redis.llen(k.handover) == 0
