@@ -212,13 +212,10 @@ class HandOvers:
             self.on_ready(queue)
 
     async def run(self) -> None:
-        """Run for the worker's life (under its loop supervisor: an error restarts it)."""
+        """Run for the worker's life (under its loop supervisor: an error restarts it, and
+        the restart begins with a sweep)."""
+        queues = list(self.queues)  # first a sweep: a worker that died may have left some
         while True:
-            try:
-                await asyncio.wait_for(self._event.wait(), SWEEP_SECONDS)
-                queues = list(self._due)
-            except TimeoutError:
-                queues = list(self.queues)
             self._event.clear()
             self._due.clear()
             try:
@@ -226,3 +223,8 @@ class HandOvers:
             except BaseException:
                 self._due.update(queues)  # keep them for the next try
                 raise
+            try:
+                await asyncio.wait_for(self._event.wait(), SWEEP_SECONDS)
+                queues = list(self._due)
+            except TimeoutError:
+                queues = list(self.queues)
