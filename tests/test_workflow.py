@@ -55,6 +55,9 @@ def test_default_names_and_waiting_nodes_are_not_ready(app: conveyor.Conveyor) -
     assert app.redis.hget(app.keys("default").counts, "ready") == b"1"
     assert app.redis.zcard(app.keys("default").delayed) == 0
     assert app.workflow_handle(handle.id).info().counts == {"ready": 1, "scheduled": 1}
+    assert handle.id == wf.id and handle.info().nodes["t.f#2"].id == b.id
+    with pytest.raises(conveyor.ConfigurationError, match="enqueued already"):
+        wf.enqueue()
 
 
 def test_diamond_runs_in_dependency_order_with_results_passed(app: conveyor.Conveyor) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 import conveyor
 from conveyor.cli import main
-from helpers import running_worker
+from helpers import RedisServer, env_with_src, running_worker
 
 
 def test_workflow_command_shows_a_tree_with_states(app: conveyor.Conveyor) -> None:
@@ -47,3 +50,23 @@ def test_workflow_command_shows_a_tree_with_states(app: conveyor.Conveyor) -> No
     assert as_json["counts"] == {"succeeded": 2, "dead": 1, "cancelled": 1}
     missing = runner.invoke(main, ["workflow", "default~nope", *base])
     assert missing.exit_code != 0 and "no workflow" in missing.output
+
+
+def test_demo_reports_each_tenant_once_all_its_batches_ended(
+    redis_server: RedisServer,
+) -> None:
+    env = env_with_src()
+    env["CONVEYOR_REDIS_URL"] = redis_server.url
+    env["COLUMNS"] = "200"
+    done = subprocess.run([str(Path(sys.executable).with_name("conveyor")), "demo", "--scale",
+                           "1", "-c", "16"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "newsletter reports" in out
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines()
+            if line.count("│") >= 6 and line.split("│")[1].strip() in
+            ("acme", "globex", "initech", "umbrella", "hooli")}
+    assert set(rows) == {"acme", "globex", "initech", "umbrella", "hooli"}
+    failed = {t: int(line.split("│")[4]) for t, line in rows.items()}
+    assert failed == {"acme": 0, "globex": 1, "initech": 1, "umbrella": 0, "hooli": 0}

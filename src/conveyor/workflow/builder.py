@@ -12,8 +12,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import keys as keyspace
 from ..errors import ConfigurationError
-from ..task import Task
+from ..task import Task, new_short_id
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -27,6 +28,7 @@ class Node:
     """One job of a workflow, made by :meth:`Workflow.add`.
 
     :ivar name: unique within its workflow (default ``"<task name>#<n>"``)
+    :ivar id: the id its job will have once the workflow is enqueued
     :ivar task: the task (with its options) the node runs
     :ivar after: the nodes (or node names) it waits for
     :ivar run_if: ``"succeeded"``: run once every parent succeeded, be cancelled if one
@@ -34,6 +36,7 @@ class Node:
     """
 
     name: str
+    id: str
     task: Task[Any, Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
@@ -59,6 +62,19 @@ class Workflow:
         self.nodes: list[Node] = []
         self._names: dict[str, Node] = {}
         self._counters: dict[str, int] = {}
+        self._short_id = new_short_id()
+        self.enqueued = False  # its ids are taken once it was sent: never send it twice
+
+    @property
+    def id(self) -> str:
+        """The id the workflow will have once enqueued: ``"<queue of the first node>~..."``
+        (a node may be given it as an argument, to read the workflow while it runs).
+
+        :raises ConfigurationError: no node was added yet
+        """
+        if not self.nodes:
+            raise ConfigurationError("a workflow's id is known once its first node is added")
+        return keyspace.job_id(self.nodes[0].task.queue, self._short_id)
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -78,6 +94,8 @@ class Workflow:
             a node of another workflow, or an option a node cannot have (``key``,
             ``durable``)
         """
+        if self.enqueued:
+            raise ConfigurationError("this workflow was enqueued already: build a new one")
         if not isinstance(task, Task) or self.app.tasks.get(task.name) is None:
             raise ConfigurationError(f"workflow nodes run tasks of this app, got {task!r}")
         if run_if not in RUN_IF:
@@ -91,7 +109,8 @@ class Workflow:
             raise ConfigurationError(f"a node name must be a non-empty string, got {name!r}")
         if name in self._names:
             raise ConfigurationError(f"this workflow already has a node named {name!r}")
-        node = Node(name, task, tuple(args), dict(kwargs), parents, run_if, self)
+        node = Node(name, keyspace.job_id(task.queue, new_short_id()), task, tuple(args),
+                    dict(kwargs), parents, run_if, self)
         self.nodes.append(node)
         self._names[name] = node
         return node

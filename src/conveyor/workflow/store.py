@@ -20,7 +20,6 @@ from .. import keys as keyspace
 from ..errors import ConfigurationError, PartialEnqueue
 from ..job import Job
 from ..scripts import ScriptCall, calls
-from ..task import new_short_id
 from .builder import Workflow
 from .handle import WorkflowHandle
 
@@ -45,13 +44,15 @@ def plan(app: Conveyor, wf: Workflow) -> Plan:
     :raises ConfigurationError: no nodes, a cycle, an unknown dependency
     :raises SerializationError: arguments that cannot be encoded
     """
+    if wf.enqueued:
+        raise ConfigurationError("this workflow was enqueued already: build a new one")
     order = wf.ordered()
     if not order:
         raise ConfigurationError("a workflow needs at least one node")
     home = wf.nodes[0].task.queue
-    wf_short = new_short_id()
-    wf_id = keyspace.job_id(home, wf_short)
-    ids = {n.name: keyspace.job_id(n.task.queue, new_short_id()) for n in wf.nodes}
+    wf_id = wf.id
+    wf_short = keyspace.split_job_id(wf_id)[1]
+    ids = {n.name: n.id for n in wf.nodes}
     parents = {n.name: [p if isinstance(p, str) else p.name for p in n.after] for n in order}
     children: dict[str, list[str]] = {n.name: [] for n in order}
     for child, names in parents.items():
@@ -76,6 +77,7 @@ def plan(app: Conveyor, wf: Workflow) -> Plan:
         call = calls.workflow_enqueue(app.keys(queue), wf_id, nodes, app.limits,
                                       home=home_record if queue == home else None, total=total)
         planned.append((queue, call, [n.short_id for n in nodes]))
+    wf.enqueued = True
     return Plan(wf_id, planned)
 
 
