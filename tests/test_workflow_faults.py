@@ -4,6 +4,7 @@ parents; a fan-in must be made ready exactly once."""
 
 from __future__ import annotations
 
+import collections
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from apps.ledger_fleet import Fleet, kill_storm
 from conveyor.scripts import calls
 from conveyor.workflow.handover import drain_sync
 from helpers import RedisServer, running_worker, wait_until
+from injection import ERRORS, FaultPlan
 
 FANOUT = 1000
 
@@ -143,3 +145,28 @@ def test_a_lease_lost_on_the_last_attempt_cancels_the_children(ledger: LedgerApp
     assert child.state == conveyor.JobState.CANCELLED
     assert "lease expired" in (child.error or "")
     assert handle.info().state == "failed"
+
+
+@pytest.mark.parametrize("kind", sorted(ERRORS))
+def test_hand_overs_survive_each_redis_error(app: conveyor.Conveyor, kind: str) -> None:
+    """Every call of the hand-over (the outbox read, the release and settle scripts, the
+    pipelines) fails a few times: the workflow still completes, each node once."""
+    runs: collections.Counter[str] = collections.Counter()
+
+    @app.task(name="step", queue="q")
+    def step(label: str) -> str:
+        runs[label] += 1
+        return label
+
+    wf = app.workflow()
+    root = wf.add(step, "root", name="root")
+    mids = [wf.add(step, f"mid{i}", name=f"mid{i}", after=[root]) for i in range(3)]
+    wf.add(step, "end", name="end", after=mids)
+    with running_worker(app, queues=["q"], concurrency=4), FaultPlan() as plan:
+        for target in ("LRANGE", "script:workflow_release", "script:workflow_settle",
+                       "pipeline"):
+            plan.fail(target, kind, times=2)
+        handle = wf.enqueue()
+        assert handle.result(timeout=30)["end"] == "end"
+        assert plan.injected["script:workflow_release"] >= 1
+    assert runs == {"root": 1, "mid0": 1, "mid1": 1, "mid2": 1, "end": 1}
