@@ -293,3 +293,24 @@ def test_handover_key_derived_in_lua_matches_keys_module(app: conveyor.Conveyor)
     assert app.redis.llen(k.handover) == 2
     drain_sync(app, ["odd:name"])
     assert app.redis.llen(k.handover) == 0
+
+
+def test_a_node_delay_counts_from_when_its_parents_are_done(app: conveyor.Conveyor) -> None:
+    @app.task
+    def first() -> float:
+        return time.time()
+
+    @app.task
+    def second() -> float:
+        return time.time()
+
+    wf = app.workflow()
+    a = wf.add(first, name="first")
+    wf.add(second.options(delay=0.6), name="second", after=[a])
+    with running_worker(app, concurrency=2):
+        handle = wf.enqueue()
+        results = handle.result(timeout=30)
+    info = handle.info()
+    assert results["second"] - results["first"] >= 0.5
+    assert info.nodes["second"].run_at is not None
+    assert info.nodes["second"].run_at >= (info.nodes["first"].finished_at or 0) + 0.55

@@ -40,7 +40,7 @@ for i = 0, n - 1 do
 end
 
 local now = now_ms(ARGV[1])
-local released, cancelled, ready = 0, 0, 0
+local released, cancelled, ready, scheduled = 0, 0, 0, 0
 for i = 0, n - 1 do
   local base = FIRST + i * FIELDS
   local child, parent, outcome = ARGV[base], ARGV[base + 1], ARGV[base + 2]
@@ -50,9 +50,11 @@ for i = 0, n - 1 do
       cancelled = cancelled + 1
     elseif became ~= nil then
       released = released + 1
-      if became == 'ready' then ready = ready + 1 end
+      if became == 'ready' then ready = ready + 1 else scheduled = scheduled + 1 end
     end
   end
 end
 made_ready(k.counts, k.wake, ready)
+-- A node now due later may be the queue's earliest: idle workers must re-arm their timers.
+if scheduled > 0 then wake_one(k.wake) end
 return { released, cancelled }

@@ -2,9 +2,9 @@
 and :func:`parent_results` for a node that wants its parents' results.
 
 How nodes appear in :class:`~conveyor.JobInfo`: a node waiting for its parents is
-``scheduled`` (it runs later and is in no ready list; its ``run_at`` is unset until its
-parents are done); then ``ready``/``active`` and so on like any job. A node cancelled
-because a parent died or was cancelled is ``cancelled``, with the reason in ``error``.
+``scheduled`` (it runs later and is in no ready list, so no worker can take it); then
+``ready``/``active`` and so on like any job. A node cancelled because a parent died or was
+cancelled is ``cancelled``, with the reason in ``error``.
 """
 
 from __future__ import annotations
