@@ -351,7 +351,7 @@ class QueueMachine(RuleBasedStateMachine):
         waiting = {i for i, j in self.jobs.items() if j.waiting}
         assert members["delayed"] == (by_state.get("scheduled", set()) - waiting) | by_state.get(
             "retrying", set())
-        outbox = sorted(m.decode() for m in redis.lrange(self.k.handover, 0, -1))
+        outbox = sorted(m.decode().split(" ")[0] for m in redis.lrange(self.k.handover, 0, -1))
         assert outbox == sorted(self.pending)
         for short_id in waiting:
             recorded = {f.decode().split("~")[1] for f in redis.hkeys(self.k.waiting(short_id))}

@@ -314,3 +314,52 @@ def test_a_node_delay_counts_from_when_its_parents_are_done(app: conveyor.Convey
     assert results["second"] - results["first"] >= 0.5
     assert info.nodes["second"].run_at is not None
     assert info.nodes["second"].run_at >= (info.nodes["first"].finished_at or 0) + 0.55
+
+
+def test_a_parent_requeued_from_the_dead_letters_before_its_hand_over(
+    app: conveyor.Conveyor,
+) -> None:
+    """Each end of a node is its own outbox entry: the dead one is dropped (the node is
+    no longer dead when drained), the later success releases the child."""
+    @app.task
+    def f() -> None: ...
+
+    wf = app.workflow()
+    x = wf.add(f, name="x")
+    wf.add(f, name="child", after=[x])
+    handle = wf.enqueue()
+    k = app.keys("default")
+
+    def run_once(outcome: str) -> None:
+        (leased,) = app.scripts.run(calls.fetch(k, 1, app.limits)).jobs
+        assert leased.short_id == x.id.split("~")[1]
+        app.scripts.run(calls.finish(k, [calls.Outcome(
+            leased.short_id, leased.token, outcome, 0.0,
+            app.codec.encode_result(None) if outcome == "ok" else "boom")], app.limits))
+
+    run_once("dead")
+    assert app.dead_letters("default").requeue(x.id) == 1
+    run_once("ok")
+    entries = app.redis.lrange(k.handover, 0, -1)
+    assert len(entries) == 2 and len(set(entries)) == 2
+    drain_sync(app, ["default"])
+    assert handle.info().nodes["child"].state == conveyor.JobState.READY
+    assert app.redis.llen(k.handover) == 0
+
+
+def test_a_partly_stored_workflow_is_cancelled_and_named(app: conveyor.Conveyor) -> None:
+    @app.task(queue="qa")
+    def a() -> None: ...
+
+    @app.task(queue="qb")
+    def b() -> None: ...
+
+    wf = app.workflow()
+    first = wf.add(a, name="first")
+    wf.add(b, name="other-root")
+    wf.add(b, name="after-first", after=[first])
+    app.redis.set(app.keys("qb").priorities, "not a sorted set")  # qb's call will fail
+    with pytest.raises(conveyor.PartialEnqueue, match="queue\\(s\\) qa") as raised:
+        wf.enqueue()
+    assert [j.id for j in raised.value.jobs] == [first.id]
+    assert app.job(first.id).info().state == conveyor.JobState.CANCELLED

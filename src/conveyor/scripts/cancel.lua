@@ -35,12 +35,13 @@ elseif state == 'ready' then
 else
   return state
 end
-redis.call('HSET', key, 'state', 'cancelled', 'finished_at', seconds(now_ms(ARGV[1])))
+local now = now_ms(ARGV[1])
+redis.call('HSET', key, 'state', 'cancelled', 'finished_at', seconds(now))
 if state == 'ready' then
   redis.call('HSET', key, 'keep', retention)
 else
   redis.call('EXPIRE', key, retention)
 end
 free_dedupe_key(dedupe_prefix, f[2], id)
-hand_over(job_prefix, id)
+hand_over(job_prefix, id, now)
 return state

@@ -103,7 +103,7 @@ for i = 0, n - 1 do
     if job.state ~= nil then
       free_dedupe_key(dedupe_prefix, f[6], id)
       emit_event(events, events_maxlen, id, job)
-      handed = handed + hand_over(job_prefix, id)
+      handed = handed + hand_over(job_prefix, id, now)
     end
   end
 end

@@ -189,7 +189,7 @@ class WorkflowHandle:
         cancelled = 0
         for queue, shorts in _by_queue(pending).items():
             k = app.keys(queue)
-            replies = _run_all(app, [calls.cancel(k, s, app.limits) for s in shorts])
+            replies = run_all(app, [calls.cancel(k, s, app.limits) for s in shorts])
             cancelled += sum(r in ("scheduled", "retrying", "ready") for r in replies)
         return cancelled
 
@@ -221,7 +221,7 @@ def _by_queue(job_ids: Iterable[str]) -> dict[str, list[str]]:
     return out
 
 
-def _run_all(app: Conveyor, script_calls: list[Any]) -> list[Any]:
+def run_all(app: Conveyor, script_calls: list[Any]) -> list[Any]:
     """Run calls in one pipeline where the client allows it, else one by one."""
     if not app.scripts.pipelined:
         return [app.scripts.run(c) for c in script_calls]

@@ -6,9 +6,10 @@ in one slot, each safe to repeat:
 
 1. **Outbox, with the acknowledgement.** The script that ends a node (``finish`` on
    success or death, ``fetch`` when a lost lease or a bad record kills it, ``cancel``)
-   pushes the node's id on its queue's hand-over list in the same script, so an ended node
-   is always in its queue's outbox; a fenced acknowledgement is recorded once, so it is
-   pushed once (a retried acknowledgement after a lost reply is refused, not re-pushed).
+   pushes ``"<node id> <server time>"`` on its queue's hand-over list in the same script,
+   so an ended node is always in its queue's outbox; a fenced acknowledgement is recorded
+   once, so it is pushed once (a retried acknowledgement after a lost reply is refused,
+   not re-pushed).
 2. **Release, in each child's slot.** A drainer reads the outbox and the node's record
    (its children, its state) and calls ``workflow_release`` per child queue. The script
    records the parent in the child's waiting hash with HSETNX — a parent counts once,
@@ -16,7 +17,9 @@ in one slot, each safe to repeat:
    waiting; so a child is made ready (or cancelled, when a parent failed) exactly once.
 3. **Settle, in the workflow's home slot**: the ended node joins the workflow's set of
    ended nodes; once all ended, the workflow's record starts to expire.
-4. **Done**: the entry leaves the outbox (``LREM``) only after steps 2 and 3 succeeded.
+4. **Done**: the entry leaves the outbox (``LREM`` of that exact entry) only after steps
+   2 and 3 succeeded; a later end of the same node (requeued from the dead letters) has an
+   entry of its own, so removing one never takes away the other.
 
 How it recovers: a worker SIGKILLed after its acknowledgement but before step 4 leaves the
 entry in the outbox. Every worker drains the outboxes of the queues it serves right after
@@ -121,7 +124,7 @@ async def drain_queue(app: Conveyor, queue: str) -> tuple[int, set[str], set[str
     raw = await client.lrange(k.handover, 0, BATCH - 1)
     if not raw:
         return 0, set(), set()
-    shorts = [r.decode(errors="replace") for r in raw]
+    shorts = [r.decode(errors="replace").split(" ", 1)[0] for r in raw]  # "<id> <when>"
     async with client.pipeline(transaction=False) as pipe:
         for short in shorts:
             pipe.hmget(k.job(short), *FIELDS)

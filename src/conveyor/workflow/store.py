@@ -21,7 +21,7 @@ from ..errors import ConfigurationError, PartialEnqueue
 from ..job import Job
 from ..scripts import ScriptCall, calls
 from .builder import Workflow
-from .handle import WorkflowHandle
+from .handle import WorkflowHandle, run_all
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -88,8 +88,11 @@ def _partial(app: Conveyor, p: Plan, stored: list[str], error: BaseException) ->
         return error
     jobs = [Job._of(app, q, short) for q, _, shorts in p.calls if q in stored for short in shorts]
     try:
-        WorkflowHandle(app, p.id).cancel()
-        what = "the workflow was cancelled"
+        for queue, _, shorts in p.calls:
+            if queue in stored:  # by the ids planned: the home record may be what failed
+                k = app.keys(queue)
+                run_all(app, [calls.cancel(k, short, app.limits) for short in shorts])
+        what = "the stored nodes were cancelled"
     except Exception as exc:  # Redis is failing: say so, the caller decides
         log.warning("could not cancel the partly stored workflow %s: %s", p.id, exc)
         what = f"cancelling it failed too ({type(exc).__name__}: {exc})"

@@ -13,7 +13,7 @@ local function cancel_waiting(k, id, reason, now, retention)
   redis.call('HDEL', key, 'wfw')
   redis.call('EXPIRE', key, retention)
   redis.call('DEL', k.waiting_prefix .. id)
-  redis.call('RPUSH', k.handover, id)
+  redis.call('RPUSH', k.handover, id .. ' ' .. string.format('%.3f', now))
 end
 
 -- Every parent ended: the node becomes ready, or scheduled when it has a time to wait for
