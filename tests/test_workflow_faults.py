@@ -170,3 +170,25 @@ def test_hand_overs_survive_each_redis_error(app: conveyor.Conveyor, kind: str) 
         assert handle.result(timeout=30)["end"] == "end"
         assert plan.injected["script:workflow_release"] >= 1
     assert runs == {"root": 1, "mid0": 1, "mid1": 1, "mid2": 1, "end": 1}
+
+
+def test_mangled_node_records_and_entries_never_stop_a_drain(app: conveyor.Conveyor) -> None:
+    @app.task(queue="q")
+    def f() -> None: ...
+
+    wf = app.workflow()
+    a = wf.add(f, name="a")
+    b = wf.add(f, name="b", after=[a])
+    wf.add(f, name="c", after=[b])
+    handle = wf.enqueue()
+    k = app.keys("q")
+    a_short, b_short = a.id.split("~")[1], b.id.split("~")[1]
+    app.redis.hset(k.job(a_short), mapping={"state": "succeeded", "wfc": b"\xff{not json"})
+    app.redis.hset(k.job(b_short), mapping={"state": "dead", "wf": "no-separator"})
+    app.redis.rpush(k.handover, a_short, b_short, "nonsense entry", b"\xff\xfe")
+    drain_sync(app, ["q"])  # never raises
+    assert app.redis.llen(k.handover) == 0
+    info = handle.info()
+    assert info.nodes["c"].state == conveyor.JobState.CANCELLED  # b is dead: c learnt it
+    assert "parent 'b'" in (info.nodes["c"].error or "")
+    assert info.state == "failed"
