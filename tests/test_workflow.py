@@ -363,3 +363,47 @@ def test_a_partly_stored_workflow_is_cancelled_and_named(app: conveyor.Conveyor)
         wf.enqueue()
     assert [j.id for j in raised.value.jobs] == [first.id]
     assert app.job(first.id).info().state == conveyor.JobState.CANCELLED
+
+
+def test_async_twins(app: conveyor.Conveyor) -> None:
+    import asyncio
+
+    from conveyor.workflow import aparent_results
+
+    @app.task(queue="qa")
+    def one() -> int:
+        return 1
+
+    @app.task(queue="qb")
+    def two() -> int:
+        return 2
+
+    wf = app.workflow()
+    a = wf.add(one, name="one")
+    b = wf.add(two, name="two", after=[a])
+
+    async def go() -> tuple[dict[str, Any], dict[str, Any], str]:
+        try:
+            handle = await wf.aenqueue()
+            info = await handle.ainfo()
+            assert info.counts == {"ready": 1, "scheduled": 1}
+            return await handle.aresult(timeout=30), await aparent_results(app, b.id), \
+                (await handle.ainfo()).state
+        finally:
+            await app.aclose()
+
+    with running_worker(app, queues=["qa", "qb"], concurrency=2):
+        results, parents, state = asyncio.run(go())
+    assert results == {"one": 1, "two": 2} and parents == {"one": 1} and state == "succeeded"
+    assert parent_results(app, a.id) == {}
+
+    wf2 = app.workflow()
+    wf2.add(two, name="x", after=[wf2.add(one, name="w")])
+
+    async def cancel() -> int:
+        try:
+            return await (await wf2.aenqueue()).acancel()
+        finally:
+            await app.aclose()
+
+    assert asyncio.run(cancel()) == 2
