@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import conveyor
-from apps.ledger import QUEUE, LedgerApp, build
+from apps.ledger import OTHER_QUEUES, QUEUE, LedgerApp, build
 from apps.ledger_fleet import Fleet, kill_storm
 from conveyor.scripts import calls
 from conveyor.workflow.handover import drain_sync
@@ -44,19 +44,25 @@ def fleet_of(ledger: LedgerApp, tmp_path: Path) -> Iterator[Callable[..., Fleet]
             worker.kill()
 
 
-def fan_out_fan_in(ledger: LedgerApp, n: int) -> conveyor.WorkflowHandle:
+def fan_out_fan_in(ledger: LedgerApp, n: int, spread: bool = False
+                   ) -> conveyor.WorkflowHandle:
+    """root -> n sends -> fan-in; with ``spread``, the sends alternate between two other
+    queues and the fan-in sits on a third."""
+    tasks = [ledger.record_on[q] for q in OTHER_QUEUES] if spread else [ledger.record]
     wf = ledger.app.workflow()
     root = wf.add(ledger.record, -1, name="root")
-    sends = [wf.add(ledger.record, i, 0.002, name=f"send{i}", after=[root]) for i in range(n)]
-    wf.add(ledger.record, -2, name="fanin", after=sends)
+    sends = [wf.add(tasks[i % len(tasks)], i, 0.01, name=f"send{i}", after=[root])
+             for i in range(n)]
+    wf.add(tasks[-1], -2, name="fanin", after=sends)
     return wf.enqueue()
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("spread", [False, True], ids=["one-queue", "three-queues"])
 def test_fan_out_fan_in_under_a_kill_storm(
-    ledger: LedgerApp, fleet_of: Callable[..., Fleet]
+    ledger: LedgerApp, fleet_of: Callable[..., Fleet], spread: bool
 ) -> None:
-    handle = fan_out_fan_in(ledger, FANOUT)
+    handle = fan_out_fan_in(ledger, FANOUT, spread)
     fleet = fleet_of(2)
 
     def finished() -> bool:
@@ -76,7 +82,7 @@ def test_fan_out_fan_in_under_a_kill_storm(
     assert set(counts) == {str(i) for i in range(-2, FANOUT)}, "a node never ran"
     # One success recorded per node (the events stream holds every terminal transition).
     shorts = [job.id.split("~")[1] for job in info.nodes.values()]
-    successes = ledger.succeeded_events(shorts)
+    successes = ledger.succeeded_events(shorts, (QUEUE, *OTHER_QUEUES))
     assert all(successes[s] == 1 for s in shorts), "a node succeeded twice"
     # Every run started was a counted attempt (a lease lost with a killed worker): a node
     # made ready a second time would run beyond its attempts. A killed worker may also have
@@ -85,6 +91,12 @@ def test_fan_out_fan_in_under_a_kill_storm(
         label = {"root": "-1", "fanin": "-2"}.get(name, name.removeprefix("send"))
         assert 1 <= counts[label] <= job.attempts, (name, counts[label], job.attempts)
     assert ledger.queue_sizes() == {"leases": 0, "delayed": 0, "dead": 0, "ready": 0}
+    for queue in OTHER_QUEUES:
+        k = ledger.app.keys(queue)
+        assert ledger.app.redis.zcard(k.leases) == 0
+        assert int(ledger.app.redis.hget(k.counts, "ready") or 0) == 0
+    if spread:
+        assert {info.nodes[n].queue for n in ("send0", "send1", "fanin")} == set(OTHER_QUEUES)
     # The fan-in started after the last run of every send (and the sends after the root).
     runs = [label for label, _ in ledger.runs()]
     assert runs.index("-2") > max(i for i, label in enumerate(runs) if label not in ("-1", "-2"))
