@@ -17,7 +17,8 @@ local function cancel_waiting(k, id, reason, now, retention)
 end
 
 -- Every parent ended: the node becomes ready, or scheduled when it has a time to wait for
--- (an at= time, or a delay counted from now). Returns 1 if it became ready, else 0.
+-- (an at= time, or a delay counted from now). Either way its run_at says from when it
+-- could run. Returns 1 if it became ready, else 0.
 local function release_waiting(k, id, now)
   local key = k.job_prefix .. id
   local f = redis.call('HMGET', key, 'priority', 'tenant', 'run_at', 'wfd')
@@ -31,7 +32,9 @@ local function release_waiting(k, id, now)
     redis.call('ZADD', k.delayed, due, id)
     return 0
   end
-  redis.call('HSET', key, 'state', 'ready')
+  -- run_at: when it became runnable, so that its wait time (and the task type's wait
+  -- percentiles) counts from there, not from the enqueue of the whole workflow.
+  redis.call('HSET', key, 'state', 'ready', 'run_at', seconds(now))
   push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, f[1] or '5', f[2] or '', false)
   return 1
 end
