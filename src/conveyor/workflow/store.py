@@ -120,8 +120,12 @@ def store(app: Conveyor, wf: Workflow) -> WorkflowHandle:
                   if not isinstance(r, Exception)]
         if errors:
             raise _partial(app, p, stored, errors[0])
+        app._registered_queues.update(queues)
         return WorkflowHandle(app, p.id)
-    app.redis.sadd(keyspace.queues_key(app.namespace), *queues)
+    new = [q for q in queues if q not in app._registered_queues]
+    if new:  # the index of queues lives outside every queue's slot: once per queue
+        app.redis.sadd(keyspace.queues_key(app.namespace), *new)
+        app._registered_queues.update(new)
     for queue, call, _ in p.calls:
         try:
             app.scripts.run(call)
