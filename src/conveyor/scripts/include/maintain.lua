@@ -25,8 +25,8 @@ local function promote_due(k, now, limit, cfg, tally, out)
 end
 
 -- Set every task's active count to the number of leased jobs whose record says it is
--- active. Only needed when a leased job's record vanished (its task, and so the count it
--- holds, is unknown): O(leases), on that rare path only.
+-- active. Only needed when a leased job's record vanished or was mangled (its task, and so
+-- the count it holds, is unknown): O(leases), on that rare path only.
 local function recount_active(k)
   local counts = {}
   for _, id in ipairs(redis.call('ZRANGE', k.leases, 0, -1)) do
@@ -57,7 +57,7 @@ end
 -- (added to out.dead, with any dead letters the cap trimmed in out.trimmed).
 local function reclaim_expired(k, now, limit, cfg, tally, out)
   local expired = redis.call('ZRANGE', k.leases, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
-  local vanished = false
+  local recount = false
   for _, id in ipairs(expired) do
     redis.call('ZREM', k.leases, id)
     local key = k.job_prefix .. id
@@ -80,10 +80,13 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
         count(tally, r.task, 'retried', 1)
       end
     elseif r.state == nil and redis.call('EXISTS', key) == 0 then
-      vanished = true
+      recount = true
     else
       reclaim_mangled(k, now, cfg, tally, id, r, out)
+      -- Its task field may have been changed or lost since it was leased: the count it
+      -- holds is under a task name the record no longer tells.
+      recount = true
     end
   end
-  if vanished then recount_active(k) end
+  if recount then recount_active(k) end
 end
