@@ -134,3 +134,11 @@ def test_checker_fails_on_dead_work_overlap_and_counters() -> None:
     assert {"only poison jobs end dead", "no job ran twice at once in one process",
             "ready counter equals the ready lists",
             "active counters equal the leases, per task"} <= failed(check(ev)[0])
+
+
+def test_checker_fails_on_a_workflow_job_started_before_its_parent() -> None:
+    ev = healthy()
+    ev.edges = [("work:1", "work:2")]  # work:1's run completed before work:2 started
+    assert failed(check(ev)[0]) == set()
+    ev.edges = [("work:2", "work:1")]  # work:1 started before work:2 completed a run
+    assert failed(check(ev)[0]) == {"workflow jobs start only after their parents completed"}

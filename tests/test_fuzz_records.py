@@ -161,3 +161,21 @@ def test_cli_and_dashboard_read_a_mangled_queue(app: conveyor.Conveyor,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, (args, done.stderr[-2000:])
         assert "Traceback" not in done.stderr, (args, done.stderr[-2000:])
+
+
+def test_a_leased_record_that_lost_its_task_gives_its_active_count_back(
+    app: conveyor.Conveyor,
+) -> None:
+    """A hypothesis find: the record of a leased job replaced by one without a task; its
+    lease expired; the task's active count stayed at 1 for ever."""
+    k = app.keys("q")
+    now = 1_800_000_000_000.0
+    spec = calls.JobSpec("t", 5, "", None, None, 2, "", VT)
+    app.scripts.run(calls.enqueue(k, spec, [("j0", b"[[],{}]")], app.limits, now=now))
+    assert [j.short_id for j in app.scripts.run(calls.fetch(k, 1, app.limits, now=now)).jobs
+            ] == ["j0"]
+    app.redis.delete(k.job("j0"))
+    app.redis.hset(k.job("j0"), "state", b"")
+    app.scripts.run(calls.fetch(k, 1, app.limits, now=now + 3 * VT))
+    assert app.redis.hget(k.active, "t") == b"0"
+    assert app.redis.hget(k.job("j0"), "state") == b"dead"

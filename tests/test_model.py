@@ -11,6 +11,11 @@ once with DEL, as Redis would do it when the TTL runs out). After each step, for
 its state and attempts, progress and recorded steps; and for the queue: the ready count,
 jobs active per task, the lease, delayed and dead sets, and which job holds each dedupe key.
 
+Workflows join in: small DAGs stored by ``workflow_enqueue``, their hand-overs drained
+(``conveyor.workflow.handover``) and repeated (a second drainer, a retried release); the
+model says which nodes wait, are released or cancelled, and what the hand-over outbox
+holds.
+
 ``CONVEYOR_MODEL_EXAMPLES`` raises the number of examples (default 75, for CI).
 """
 
@@ -21,6 +26,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -28,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import conveyor
 from conveyor.scripts import calls
+from conveyor.workflow.handover import drain_sync
 from helpers import RedisServer
 
 EXAMPLES = int(os.environ.get("CONVEYOR_MODEL_EXAMPLES", "75"))
@@ -51,6 +58,12 @@ class Model:
     snoozes: int = 0
     progress: float | None = None
     steps: set[str] = field(default_factory=set)
+    node: bool = False  # a workflow node
+    waiting: bool = False  # a node waiting for its parents (state 'scheduled')
+    parents: list[str] = field(default_factory=list)
+    children: list[str] = field(default_factory=list)
+    run_if: str = "succeeded"
+    recorded: dict[str, bool] = field(default_factory=dict)  # parent -> it succeeded
 
 
 UNFINISHED = ("scheduled", "ready", "active", "retrying")
@@ -81,6 +94,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.keys: dict[str, str] = {}  # dedupe key -> the job holding it
         self.paused = False
         self.serial = 0
+        self.pending: list[str] = []  # workflow nodes that ended, not yet handed over
 
     def teardown(self) -> None:
         self.app.close()
@@ -154,7 +168,8 @@ class QueueMachine(RuleBasedStateMachine):
                 self._set(short_id, "cancelled")  # its holder never learned of the cancel
             elif model.state == "active" and model.lease <= self.now:
                 self._set(short_id, "dead" if model.attempts >= model.max_attempts else "ready")
-            elif model.state in ("scheduled", "retrying") and model.due <= self.now:
+            elif model.state in ("scheduled", "retrying") and model.due <= self.now \
+                    and not model.waiting:
                 model.state = "ready"
 
     def _active(self) -> list[str]:
@@ -277,6 +292,70 @@ class QueueMachine(RuleBasedStateMachine):
         model.state = state
         if state in FINAL and model.key and self.keys.get(model.key) == short_id:
             del self.keys[model.key]
+        if state in FINAL and model.node:
+            model.waiting = False
+            self.pending.append(short_id)
+
+    # -- workflows -------------------------------------------------------------------------
+
+    @rule(data=st.data(), n=st.integers(1, 4))
+    def enqueue_workflow(self, data: st.DataObject, n: int) -> None:
+        shorts = []
+        for _ in range(n):
+            self.serial += 1
+            shorts.append(f"j{self.serial}")
+        parents = [[p for p in shorts[:i] if data.draw(st.booleans())] for i in range(n)]
+        run_if = [data.draw(st.sampled_from(["succeeded", "finished"])) for _ in range(n)]
+        task = data.draw(st.sampled_from(TASKS))
+        spec = calls.JobSpec(task, 5, "", None, None, 2, "", VT)
+        enc = msgspec.json.encode
+        nodes = [calls.NodeSpec(
+            s, spec, b"[[],{}]", s, len(parents[i]), run_if[i],
+            enc([[p, f"q~{p}"] for p in parents[i]]) if parents[i] else b"",
+            enc([f"q~{c}" for j, c in enumerate(shorts) if s in parents[j]]) or b"",
+        ) for i, s in enumerate(shorts)]
+        home = calls.WorkflowHome(f"w{self.serial}", b"[]", n)
+        stored = self.run(calls.workflow_enqueue(self.k, f"q~w{self.serial}", nodes,
+                                                 self.limits, home=home, total=n, now=self.now))
+        assert stored == n
+        for i, s in enumerate(shorts):
+            self.jobs[s] = Model("scheduled" if parents[i] else "ready", task, 5, 2, node=True,
+                                 waiting=bool(parents[i]), parents=parents[i],
+                                 children=[c for j, c in enumerate(shorts) if s in parents[j]],
+                                 run_if=run_if[i])
+
+    @rule()
+    def hand_over(self) -> None:
+        """A drainer empties the outbox (cancellations cascade through it)."""
+        drain_sync(self.app, ["q"])
+        while self.pending:
+            batch, self.pending = self.pending, []
+            for short_id in batch:
+                parent = self.jobs.get(short_id)
+                if parent is None or parent.state not in FINAL:
+                    continue  # gone, or requeued from the dead letters: nothing to tell
+                for child_id in parent.children:
+                    self._tell(child_id, short_id, parent.state == "succeeded")
+
+    def _tell(self, child_id: str, parent_id: str, succeeded: bool) -> None:
+        child = self.jobs.get(child_id)
+        if child is None or not child.waiting or parent_id in child.recorded:
+            return
+        child.recorded[parent_id] = succeeded
+        if not succeeded and child.run_if == "succeeded":
+            self._set(child_id, "cancelled")
+        elif len(child.recorded) == len(child.parents):
+            child.waiting, child.state = False, "ready"
+
+    @precondition(lambda self: any(j.node and j.recorded for j in self.jobs.values()))
+    @rule(data=st.data())
+    def repeat_hand_over(self, data: st.DataObject) -> None:
+        """A hand-over done already, sent again (a second drainer, a restarted worker)."""
+        told = sorted((c, p) for c, j in self.jobs.items() for p in j.recorded)
+        child_id, parent_id = data.draw(st.sampled_from(told))
+        reply = self.run(calls.workflow_release(
+            self.k, [(child_id, f"q~{parent_id}", "")], self.limits, now=self.now))
+        assert reply == (0, 0)
 
     @rule()
     def pause(self) -> None:
@@ -324,8 +403,14 @@ class QueueMachine(RuleBasedStateMachine):
                    (("leases", self.k.leases), ("delayed", self.k.delayed),
                     ("dead", self.k.dead))}
         assert members["leases"] == by_state.get("active", set())
-        assert members["delayed"] == by_state.get("scheduled", set()) | by_state.get(
+        waiting = {i for i, j in self.jobs.items() if j.waiting}
+        assert members["delayed"] == (by_state.get("scheduled", set()) - waiting) | by_state.get(
             "retrying", set())
+        outbox = sorted(m.decode().split(" ")[0] for m in redis.lrange(self.k.handover, 0, -1))
+        assert outbox == sorted(self.pending)
+        for short_id in waiting:
+            recorded = {f.decode().split("~")[1] for f in redis.hkeys(self.k.waiting(short_id))}
+            assert recorded == set(self.jobs[short_id].recorded), short_id
         assert members["dead"] == by_state.get("dead", set())
         assert int(redis.hget(self.k.counts, "ready") or 0) == len(by_state.get("ready", ()))
         for key in ("k1", "k2"):

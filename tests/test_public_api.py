@@ -3,9 +3,10 @@ import conveyor
 EXPECTED = [
     "Advice", "Backlog", "Codec", "ConfigurationError", "Conveyor", "ConveyorError",
     "DeadLetters", "EncodingError", "Job", "JobCancelled", "JobContext", "JobFailed", "JobInfo",
-    "JobNotFound", "JobOptions", "JobState", "LeaseLost", "Limits", "Monitor", "NotReplicated",
-    "PartialEnqueue", "PayloadTooLarge", "ResultTimeout", "SerializationError", "Snooze",
-    "Stats", "Task", "TaskActivity", "Timing", "Worker", "__version__", "current_job",
+    "JobNotFound", "JobOptions", "JobState", "LeaseLost", "Limits", "Monitor", "Node",
+    "NotReplicated", "PartialEnqueue", "PayloadTooLarge", "ResultTimeout", "SerializationError",
+    "Snooze", "Stats", "Task", "TaskActivity", "Timing", "Worker", "Workflow", "WorkflowHandle",
+    "WorkflowInfo", "__version__", "chain", "current_job",
 ]
 
 

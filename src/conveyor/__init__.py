@@ -32,6 +32,7 @@ from .monitor import Advice, Backlog, Monitor, Stats, TaskActivity, Timing
 from .scripts.calls import Limits
 from .task import JobOptions, Task
 from .worker import Worker
+from .workflow import Node, Workflow, WorkflowHandle, WorkflowInfo, chain
 
 __version__ = "0.1.0"
 
@@ -55,6 +56,7 @@ __all__ = [
     "LeaseLost",
     "Limits",
     "Monitor",
+    "Node",
     "NotReplicated",
     "PartialEnqueue",
     "PayloadTooLarge",
@@ -66,6 +68,10 @@ __all__ = [
     "TaskActivity",
     "Timing",
     "Worker",
+    "Workflow",
+    "WorkflowHandle",
+    "WorkflowInfo",
     "__version__",
+    "chain",
     "current_job",
 ]

@@ -19,6 +19,8 @@ from .hooks import Hook
 from .job import Job, JobInfo
 from .scripts import AsyncScriptRunner, ScriptRunner, calls
 from .task import AsyncTask, Task
+from .workflow import Workflow, WorkflowHandle
+from .workflow import batch as _batch
 
 if TYPE_CHECKING:
     from .alerts import Webhook
@@ -251,6 +253,27 @@ class Conveyor:
     def job(self, id: str) -> Job[Any]:
         """A handle on the job with this id (no Redis call is made)."""
         return Job(self, id)
+
+    def workflow(self) -> Workflow:
+        """A new, empty :class:`~conveyor.Workflow` builder (no I/O until it is enqueued)."""
+        return Workflow(self)
+
+    def workflow_handle(self, id: str) -> WorkflowHandle:
+        """A handle on an existing workflow, by its id (no I/O)."""
+        return WorkflowHandle(self, id)
+
+    def batch(
+        self, task: Task[Any, Any], items: Sequence[Any], then: Task[Any, Any] | None = None,
+        *, then_args: Sequence[Any] = (), run_if: str = "succeeded",
+    ) -> WorkflowHandle:
+        """Enqueue a batch: one ``task`` job per item (a tuple of arguments, a dict of
+        keyword arguments, or a single argument) and, with ``then``, a completion job that
+        runs once after all of them (``run_if="finished"``: however they ended). The
+        completion job reads their results with ``parent_results()``. One workflow, one
+        call; the handle's :meth:`~conveyor.WorkflowHandle.result` waits for all."""
+        wf = self.workflow()
+        _batch(wf, task, items, then=then, then_args=then_args, run_if=run_if)
+        return wf.enqueue()
 
     def dead_letters(self, queue: str = "default") -> DeadLetters:
         """The dead-letter set of ``queue``: list, inspect, requeue, purge."""

@@ -106,6 +106,21 @@ class JobContext:
         so a run repeated after a crash cannot charge or send twice."""
         return f"conveyor:{self._app.namespace}:{self.id}"
 
+    def parent_results(self) -> dict[str, Any]:
+        """Inside a workflow node: ``{name: result}`` of its ``after`` nodes that succeeded
+        (a parent that ended otherwise, for ``run_if="finished"``, is left out); ``{}`` for
+        a job that is no workflow node. A blocking read: from an async task, use
+        :meth:`aparent_results`."""
+        from .workflow import parent_results
+
+        return parent_results(self._app, self.id)
+
+    async def aparent_results(self) -> dict[str, Any]:
+        """Async twin of :meth:`parent_results`."""
+        from .workflow import aparent_results
+
+        return await aparent_results(self._app, self.id)
+
     @property
     def cancelled(self) -> bool:
         """True once someone cancelled this job while it ran; a sync task should check it

@@ -11,6 +11,7 @@ import os
 import random
 
 from .app import Conveyor
+from .job import JobState
 
 app = Conveyor(namespace=os.environ.get("CONVEYOR_DEMO_NAMESPACE", "conveyor-demo"))
 
@@ -37,3 +38,16 @@ async def send_batch(tenant: str, batch: int, recipients: int) -> dict[str, int]
 def send_transactional(user_id: int, template: str) -> str:
     """A password reset or receipt: small, urgent, enqueued at priority 9."""
     return f"sent {template} to user {user_id}"
+
+
+@app.task(name="newsletter.report", queue="newsletter")
+def report(tenant: str, workflow_id: str) -> dict[str, int | str]:
+    """The completion job of a tenant's newsletter workflow: it runs once, after every
+    batch ended (``run_if="finished"``), and sums what the batches reported."""
+    nodes = app.workflow_handle(workflow_id).info().nodes
+    batches = [info for name, info in nodes.items() if name != "report"]
+    if not all(info.state.finished for info in batches):  # cannot happen: said loudly
+        raise RuntimeError(f"report of {tenant} ran before its batches ended")
+    sent = sum(info.result["sent"] for info in batches if info.state == JobState.SUCCEEDED)
+    failed = sum(1 for info in batches if info.state != JobState.SUCCEEDED)
+    return {"tenant": tenant, "batches": len(batches), "sent": sent, "failed": failed}

@@ -41,9 +41,22 @@ class QueueKeys:
     metrics_prefix: str  # + bucket start (s) -> hash of counters and histograms
     schedule_prefix: str  # + periodic name -> last fired tick (periodic jobs)
     cancelling: str  # zset short id -> when a cancel of the running job was asked (ms)
+    handover: str  # list of short ids of workflow nodes that ended, children not yet told
+    workflow_prefix: str  # + workflow short id -> hash: the workflow's nodes (home queue)
+    waiting_prefix: str  # + node short id -> hash parent id -> '' (succeeded) | reason
 
     def job(self, short_id: str) -> str:
         return self.job_prefix + short_id
+
+    def workflow(self, short_id: str) -> str:
+        return self.workflow_prefix + short_id
+
+    def workflow_ended(self, short_id: str) -> str:
+        """Set of the workflow's nodes whose end was handed over (``workflow_settle``)."""
+        return self.workflow_prefix + short_id + ":ended"
+
+    def waiting(self, short_id: str) -> str:
+        return self.waiting_prefix + short_id
 
     def metrics(self, bucket: int) -> str:
         return f"{self.metrics_prefix}{bucket}"
@@ -74,6 +87,11 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
         metrics_prefix=f"{tag}:m:",
         schedule_prefix=f"{tag}:schedule:",
         cancelling=f"{tag}:cancelling",
+        # Scripts that end jobs derive this name from the hash tag of their job_prefix
+        # (include/finish.lua, handover_key): keep the two in step.
+        handover=f"{tag}:wf:handover",
+        workflow_prefix=f"{tag}:wf:",
+        waiting_prefix=f"{tag}:wf:wait:",
     )
 
 

@@ -23,6 +23,7 @@ import redis
 import conveyor
 
 QUEUE = "ledger"
+OTHER_QUEUES = ("ledger-b", "ledger-c")  # workflows whose nodes span queues
 LEDGER_CLIENT_NAME = "ledger"  # fault tests spare these connections when killing clients
 RECORD_VT = 1.5  # short leases so a killed worker's jobs come back quickly
 POISON_RETRIES = 2
@@ -49,6 +50,9 @@ class LedgerApp:
                          visibility_timeout=HOLD_VT)(self._hold)
         self.ahold = task(name="ledger.ahold", queue=QUEUE, retries=5,
                           visibility_timeout=HOLD_VT)(self._ahold)
+        self.record_on = {q: task(name=f"ledger.record@{q}", queue=q, retries=20,
+                                  visibility_timeout=RECORD_VT)(self._record)
+                          for q in OTHER_QUEUES}
         self.poison = task(name="ledger.poison", queue=QUEUE, retries=POISON_RETRIES,
                            visibility_timeout=HOLD_VT)(self._poison)
 
@@ -124,14 +128,16 @@ class LedgerApp:
                 "dead": int(r.zcard(k.dead)),
                 "ready": int(r.hget(k.counts, "ready") or 0)}
 
-    def succeeded_events(self, short_ids: Iterable[str]) -> collections.Counter[str]:
-        """How many 'succeeded' events the queue's stream holds for each of ``short_ids``."""
+    def succeeded_events(self, short_ids: Iterable[str], queues: Iterable[str] = (QUEUE,)
+                         ) -> collections.Counter[str]:
+        """How many 'succeeded' events the queues' streams hold for each of ``short_ids``."""
         wanted = set(short_ids)
         seen: collections.Counter[str] = collections.Counter()
-        for _, fields in self.app.redis.xrange(self.app.keys(QUEUE).events):
-            short = fields[b"id"].decode()
-            if short in wanted and fields[b"state"] == b"succeeded":
-                seen[short] += 1
+        for queue in queues:
+            for _, fields in self.app.redis.xrange(self.app.keys(queue).events):
+                short = fields[b"id"].decode()
+                if short in wanted and fields[b"state"] == b"succeeded":
+                    seen[short] += 1
         return seen
 
     def close(self) -> None:

@@ -10,7 +10,8 @@ The promises (DESIGN §5):
 * at most one success is recorded per job, and each success had a run that completed;
 * every run had a lease of its own (runs <= attempts), no job ran twice at once in one
   process, and the leases lost stay within what the faults could cost;
-* the counters (ready, active per task, dead letters) equal what the records say.
+* the counters (ready, active per task, dead letters) equal what the records say;
+* a workflow's job never starts before each of its parents completed a run.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Evidence:
     cancelled: set[str] = field(default_factory=set)  # labels whose cancel() returned True
     cancel_unknown: set[str] = field(default_factory=set)  # labels whose cancel() raised
     stray: list[str] = field(default_factory=list)  # other unfinished records: "id state"
+    edges: list[tuple[str, str]] = field(default_factory=list)  # workflow (parent, child)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +191,22 @@ def _counters(c: Counters) -> list[Check]:
     ]
 
 
+def _order(ev: Evidence) -> Check:
+    """Each run's ledger entries are written by the task itself, and a parent's completed
+    run is noted before its acknowledgement, which comes before its children are released:
+    so a child's first start must come after its parent's first completed run."""
+    first_ok: dict[str, int] = {}
+    first_start: dict[str, int] = {}
+    for i, e in enumerate(ev.ledger):
+        seen = first_ok if e.phase == "ok" else first_start if e.phase == "start" else None
+        if seen is not None:
+            seen.setdefault(e.label, i)
+    early = [f"{child} started before {parent} completed" for parent, child in ev.edges
+             if child in first_start and first_start[child] < first_ok.get(parent, 1 << 62)]
+    return _verdict("workflow jobs start only after their parents completed", early,
+                    f"{len(ev.edges)} dependencies kept")
+
+
 def summarize(ev: Evidence) -> Summary:
     runs = _runs(ev.ledger)
     work = [j for j in ev.jobs if j.kind == "work"]
@@ -208,5 +226,6 @@ def check(ev: Evidence) -> tuple[list[Check], Summary]:
     """Every promise, held or not, and the figures of the run."""
     summary = summarize(ev)
     runs = _runs(ev.ledger)
-    checks = [*_outcomes(ev), *_successes(ev, runs), _bound(summary), *_counters(ev.counters)]
+    checks = [*_outcomes(ev), *_successes(ev, runs), _bound(summary), *_counters(ev.counters),
+              _order(ev)]
     return checks, summary

@@ -1,6 +1,8 @@
-"""The run's producer: enqueues the work jobs over time (some delayed) while faults
+"""The run's producer: enqueues the work jobs over time (some delayed, some as workflows:
+one job, then the rest of the batch after it, then one after all of those) while faults
 happen, and the poison jobs and cancels the fault schedule asks for. It keeps every job
-whose enqueue returned: those are the jobs conveyor promises never to lose."""
+whose enqueue returned: those are the jobs conveyor promises never to lose; and every
+dependency of the workflows it enqueued, which the checks hold the ledger to."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from .tasks import ChaosTasks
 __all__ = ["Producer"]
 
 TICK = 0.25  # seconds between two batches
+WORKFLOW_EVERY = 4  # every 4th batch of 3 or more jobs goes as a fan-out/fan-in workflow
 ERRORS = (redis.exceptions.RedisError, OSError)
 
 
@@ -39,6 +42,8 @@ class Producer:
         self.delayed: list[tuple[float, str, Job]] = []  # (due, monotonic; label; job)
         self.cancelled: set[str] = set()
         self.cancel_unknown: set[str] = set()  # cancel() raised: it may or may not have
+        self.edges: list[tuple[str, str]] = []  # (parent label, child label) of workflows
+        self._batches = 0
         self.enqueued = 0  # work jobs whose enqueue returned
         self.failed_calls = 0  # enqueue calls that raised (their jobs are not counted)
         self._labels = 0
@@ -71,8 +76,11 @@ class Producer:
                 later.append((*item, round(rng.uniform(0.5, p.max_delay), 1)))
             else:
                 now.append(item)
+        self._batches += 1
         try:
-            if now:
+            if len(now) >= 3 and self._batches % WORKFLOW_EVERY == 0:
+                self._workflow(now)
+            elif now:
                 jobs = self.tasks.work.enqueue_many(now)
                 for (label, _), job in zip(now, jobs, strict=True):
                     self._keep("work", label, job)
@@ -85,6 +93,23 @@ class Producer:
                 self.enqueued += 1
         except ERRORS:
             self.failed_calls += 1  # the faults at work: the next tick tries new jobs
+
+    def _workflow(self, items: list[tuple[str, float]]) -> None:
+        """Enqueue ``items`` as one workflow: the first, then the middle ones after it,
+        then the last after all of those (raises like an enqueue)."""
+        wf = self.tasks.app.workflow()
+        first = wf.add(self.tasks.work, *items[0], name=items[0][0])
+        middle = [wf.add(self.tasks.work, *item, name=item[0], after=[first])
+                  for item in items[1:-1]]
+        wf.add(self.tasks.work, *items[-1], name=items[-1][0], after=middle)
+        wf.enqueue()
+        with self.lock:
+            for node in wf.nodes:
+                self.jobs[node.name] = ("work", Job(self.tasks.app, node.id))
+                for parent in node.after:
+                    self.edges.append((parent if isinstance(parent, str) else parent.name,
+                                       node.name))
+        self.enqueued += len(items)
 
     def poison(self, kind: str) -> str | None:
         """Enqueue one poison job of ``kind``; its label, or None if the enqueue raised."""

@@ -239,7 +239,8 @@ class ChaosRun:
         return Evidence(jobs=records, ledger=gather.ledger_entries(tasks.ledger),
                         counters=gather.counters(client, keys, dead), faults=list(self.faults),
                         cancelled=set(producer.cancelled),
-                        cancel_unknown=set(producer.cancel_unknown), stray=stray)
+                        cancel_unknown=set(producer.cancel_unknown), stray=stray,
+                        edges=list(producer.edges))
 
     def _verdict(self, tasks: ChaosTasks, producer: Producer, seconds: float) -> int:
         checks, summary = check(self._evidence(tasks, producer))

@@ -107,16 +107,23 @@ def _run(d: object, concurrency: int, scale: int) -> None:
     app = demo_app.app
     jobs: list[Job[Any]] = []
     started = time.monotonic()
+    handles = []
     for tenant, batches in TENANTS.items():
+        # One workflow per tenant: its batches, then a report once all of them ended.
         n = batches * scale
-        jobs += demo_app.send_batch.options(tenant=tenant).enqueue_many(
-            [(tenant, b, 100 + (b * 37) % 400) for b in range(n)])
-        jobs += demo_app.send_batch.options(tenant=tenant, delay=1.5).enqueue_many(
-            [(tenant, 1000 + b, 50) for b in range(max(1, n // 10))])
+        wf = app.workflow()
+        send = demo_app.send_batch.options(tenant=tenant)
+        later = send.options(delay=1.5)
+        sends = [wf.add(send, tenant, b, 100 + (b * 37) % 400) for b in range(n)]
+        sends += [wf.add(later, tenant, 1000 + b, 50) for b in range(max(1, n // 10))]
+        wf.add(demo_app.report, tenant, wf.id, name="report", after=sends, run_if="finished")
+        handles.append(wf.enqueue())
+        jobs += [app.job(node.id) for node in wf.nodes]
     jobs += demo_app.send_transactional.options(priority=9).enqueue_many(
         [(uid, "password-reset") for uid in range(20)])
     console.print(f"enqueued [bold]{len(jobs)}[/bold] jobs for {len(TENANTS)} tenants"
-                  " (some delayed by 1.5 s, 20 urgent at priority 9)")
+                  " (one workflow each: batches, some delayed by 1.5 s, then a report;"
+                  " and 20 urgent emails at priority 9)")
     worker = app.worker(queues=["newsletter"], concurrency=concurrency)
     thread = threading.Thread(target=worker.run, kwargs={"burst": False}, daemon=True)
     thread.start()
@@ -129,7 +136,8 @@ def _run(d: object, concurrency: int, scale: int) -> None:
             with app.redis.pipeline(transaction=False) as pipe:
                 pipe.hget(k.counts, "ready").zcard(k.delayed).zcard(k.leases).zcard(k.dead)
                 ready, scheduled, active, dead = pipe.execute()
-            left = int(ready or 0) + scheduled + active
+            running = [h for h in handles if h.info().state == "running"]
+            left = int(ready or 0) + scheduled + active + len(running)
             progress.update(bar, completed=len(jobs) - left,
                             detail=f"ready {int(ready or 0)} · scheduled {scheduled} · "
                                    f"active {active} · dead {dead}")
@@ -140,7 +148,23 @@ def _run(d: object, concurrency: int, scale: int) -> None:
     worker.stop()
     thread.join(30)
     _summary(app, jobs, elapsed)
+    _reports(handles)
     _clean_up(app)
+
+
+def _reports(handles: list) -> None:  # type: ignore[type-arg]
+    """Each tenant's report, the completion job of its workflow."""
+    table = Table("tenant", "batches", "sent", "failed batches", "report ran after",
+                  title="newsletter reports (one per tenant, after all its batches)")
+    for handle in handles:
+        info = handle.info()
+        node = info.nodes["report"]
+        last = max(i.finished_at or 0 for name, i in info.nodes.items() if name != "report")
+        r = node.result or {}
+        after = "-" if node.started_at is None else f"{(node.started_at - last) * 1000:.1f} ms"
+        table.add_row(str(r.get("tenant", "?")), str(r.get("batches", "?")),
+                      str(r.get("sent", "?")), str(r.get("failed", "?")), after)
+    console.print(table)
 
 
 def _clean_up(app: object) -> None:

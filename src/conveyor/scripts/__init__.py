@@ -35,6 +35,9 @@ SCRIPT_NAMES = (
     "purge_dead",
     "progress",
     "step",
+    "workflow_enqueue",
+    "workflow_release",
+    "workflow_settle",
 )
 
 

@@ -33,6 +33,12 @@ KEYS: dict[str, tuple[str, ...]] = {
     "purge_dead": ("job_prefix", "dead"),
     "progress": ("job_prefix",),
     "step": ("job_prefix",),
+    "workflow_enqueue": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed",
+                         "counts", "wake", "metrics_prefix", "handover", "waiting_prefix",
+                         "workflow_prefix"),
+    "workflow_release": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed",
+                         "counts", "wake", "handover", "waiting_prefix"),
+    "workflow_settle": ("workflow_prefix",),
 }
 ARGV: dict[str, tuple[str, ...]] = {
     "enqueue": ("now", "bucket_seconds", "bucket_ttl", "claim", "claim_tick", "claim_mode",
@@ -49,6 +55,10 @@ ARGV: dict[str, tuple[str, ...]] = {
     "purge_dead": ("limit",),
     "progress": ("count",),
     "step": ("id", "token", "name", "value"),
+    "workflow_enqueue": ("now", "bucket_seconds", "bucket_ttl", "retention", "workflow", "home",
+                         "nodes", "total", "count"),
+    "workflow_release": ("now", "retention", "count"),
+    "workflow_settle": ("retention", "workflow", "count"),
 }
 
 
@@ -253,14 +263,17 @@ FINISH_CANCELLED, FINISH_SNOOZED = 4, 5
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """Reply of ``finish``: a code per outcome, and dead letters trimmed by the cap."""
+    """Reply of ``finish``: a code per outcome, dead letters trimmed by the cap, and how
+    many of the jobs that ended are workflow nodes waiting for their hand-over."""
 
     codes: list[int]
     trimmed: list[str]
+    handed_over: int = 0
 
 
 def _parse_finish(reply: list[Any]) -> Finished:
-    return Finished([int(c) for c in reply[0]], [_text(t) for t in reply[1]])
+    handed = int(reply[2]) if len(reply) > 2 else 0
+    return Finished([int(c) for c in reply[0]], [_text(t) for t in reply[1]], handed)
 
 
 def finish(
@@ -344,3 +357,70 @@ def step(k: QueueKeys, short_id: str, token: str, name: str, value: bytes
     """Record the encoded result of step ``name``: (:data:`STEP_RECORDED`, b''),
     (:data:`STEP_KEPT`, the value recorded before), or a refusal with b''."""
     return _call("step", k, [short_id, token, name, value], _parse_step)
+class NodeSpec(NamedTuple):
+    """One workflow node as ``workflow_enqueue`` stores it."""
+
+    short_id: str
+    spec: JobSpec
+    args: bytes
+    name: str
+    waits_for: int  # parents that must end before it runs
+    run_if: str  # 'succeeded' | 'finished'
+    parents: bytes  # encoded [[name, job id], ...] (read by Python only)
+    children: bytes  # encoded [job id, ...] (read by Python only)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowHome:
+    """The part of a workflow's record stored in its home queue."""
+
+    short_id: str
+    nodes: bytes  # encoded node list
+    total: int
+
+
+def workflow_enqueue(
+    k: QueueKeys, workflow: str, nodes: Sequence[NodeSpec], limits: Limits,
+    home: WorkflowHome | None = None, total: int = 0, now: float | None = None,
+) -> ScriptCall[int]:
+    """Store the nodes of ``workflow`` that live in ``k``'s queue (and its record, when
+    ``home`` is given); the reply is how many nodes were stored."""
+    args: list[Arg] = [_now(now), limits.bucket_seconds, limits.bucket_ttl, limits.retention,
+                       workflow]
+    if home is None:
+        args += ["", "", total]
+    else:
+        args += [home.short_id, home.nodes, home.total]
+    args.append(len(nodes))
+    for node in nodes:
+        s = node.spec
+        args.extend((
+            node.short_id, s.task, s.priority, s.tenant,
+            "" if s.delay_ms is None else repr(float(s.delay_ms)),
+            "" if s.at_ms is None else repr(float(s.at_ms)),
+            s.max_attempts, s.visibility_ms, node.args, node.name, node.waits_for,
+            node.run_if, node.parents, node.children,
+        ))
+    return _call("workflow_enqueue", k, args, int)
+
+
+def workflow_release(
+    k: QueueKeys, handovers: Sequence[tuple[str, str, str]], limits: Limits,
+    now: float | None = None,
+) -> ScriptCall[tuple[int, int]]:
+    """Tell waiting nodes of ``k``'s queue, given as (child short id, parent job id,
+    outcome: '' succeeded, else the reason), that a parent ended; the reply is how many
+    were released and how many cancelled."""
+    args: list[Arg] = [_now(now), limits.retention, len(handovers)]
+    for child, parent, outcome in handovers:
+        args.extend((child, parent, outcome))
+    return _call("workflow_release", k, args, lambda r: (int(r[0]), int(r[1])))
+
+
+def workflow_settle(
+    k: QueueKeys, workflow_short_id: str, ended: Sequence[str], limits: Limits
+) -> ScriptCall[int]:
+    """Note in the home queue that nodes (job ids) of a workflow ended; the reply is how
+    many have ended in all."""
+    args: list[Arg] = [limits.retention, workflow_short_id, len(ended), *ended]
+    return _call("workflow_settle", k, args, int)

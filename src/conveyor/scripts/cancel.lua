@@ -59,4 +59,5 @@ else
   redis.call('EXPIRE', key, retention)
 end
 free_dedupe_key(dedupe_prefix, f[2], id)
+hand_over(job_prefix, id, now)
 return state

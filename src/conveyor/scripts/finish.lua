@@ -1,9 +1,8 @@
 #!lua
--- Record the outcome of a batch of attempts: success, failure (retry with a delay, or
--- dead when attempts are spent), dead at once (unknown task, corrupt payload), snoozed
--- (back to scheduled, the attempt given back; dead past the cap of snoozes) or cancelled.
--- A job someone asked to cancel ends cancelled whatever its run reports: a late result or
--- retry of a cancelled run is refused.
+-- Record the outcome of a batch of attempts: success, failure (retry with a delay, or dead
+-- when attempts are spent), dead at once (unknown task, corrupt payload), snoozed (the
+-- attempt given back; dead past the cap) or cancelled. A job someone asked to cancel ends
+-- cancelled whatever its run reports (a late result or retry is refused).
 -- An outcome is accepted only with the fencing token of the job's current lease: a worker
 -- whose lease expired and was taken over cannot record anything, so one success is kept.
 --
@@ -30,7 +29,8 @@
 --         retry_delay_ms (the delay of a retry or a snooze)
 -- Returns: { codes: one per outcome, 0 refused (stale token), 1 succeeded, 2 retrying,
 --            3 dead, 4 cancelled, 5 snoozed; short ids trimmed from the dead letters by
---            the cap }
+--            the cap; how many of the jobs that ended were workflow nodes queued for
+--            hand-over }
 --@include clock
 --@include metrics
 --@include finish
@@ -59,7 +59,7 @@ end
 
 local now = now_ms(ARGV[1])
 local now_s = seconds(now)
-local codes, trimmed, retried = {}, {}, false
+local codes, trimmed, retried, handed = {}, {}, false, 0
 local tally, done_leases, done_tasks = new_tally(), {}, {}
 for i = 0, n - 1 do
   local base = FIRST + i * FIELDS
@@ -112,6 +112,7 @@ for i = 0, n - 1 do
     if job.state ~= nil then
       free_dedupe_key(dedupe_prefix, f[6], id)
       emit_event(events, events_maxlen, id, job)
+      handed = handed + hand_over(job_prefix, id, now)
     end
   end
 end
@@ -126,4 +127,4 @@ end
 write_tally(tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
 -- A retry may now be the earliest due job: idle workers must re-arm their timers.
 if retried then wake_one(wake) end
-return { codes, trimmed }
+return { codes, trimmed, handed }

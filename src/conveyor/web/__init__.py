@@ -7,10 +7,11 @@ Run it with ``conveyor dashboard MODULE:APP`` or mount it in an existing ASGI ap
 
 Pages: ``/`` overview, ``/queues/<queue>`` queue detail and charts, ``/queues/<queue>/jobs``
 scheduled / active / dead jobs with paging, ``/tasks`` task types, ``/jobs`` look-up,
-``/jobs/<id>`` one job, ``/workers`` the worker registry with the supervisors and their
+``/jobs/<id>`` one job, ``/workflows/<id>`` one workflow (nodes grouped by state, a
+cancel button), ``/workers`` the worker registry with the supervisors and their
 latest decisions, ``/schedules`` periodic jobs.
 Actions are forms that POST to ``/actions/<name>`` (``requeue``, ``purge``, ``cancel``,
-``pause``, ``resume``) with a CSRF token; see :mod:`conveyor.web.security`.
+``pause``, ``resume``, ``cancel_workflow``) with a CSRF token; see :mod:`conveyor.web.security`.
 
 JSON API (GET only; nothing under ``/api`` changes state; times are epoch seconds from
 the Redis server's clock, durations seconds, rates per second; a figure that cannot be
@@ -41,6 +42,10 @@ had is ``null``):
 ``/api/jobs/<id>``
     the job record (fields of :class:`conveyor.JobInfo`) with ``args`` and ``kwargs``;
     404 with ``{error}`` when there is no such job.
+``/api/workflows/<id>``
+    ``{id, state, counts, nodes: [job + {name, after}], groups: [{state, nodes}]}``: the
+    workflow (``state`` running, succeeded, failed or cancelled) and its nodes, also
+    grouped by job state; 404 with ``{error}`` when there is no such workflow.
 ``/api/workers``
     ``{time, capacity, workers: [{id, last_seen, age, host, pid, queues, concurrency,
     jobs, processed, started_at, supervisor, fields}], supervisors: [...]}``: live

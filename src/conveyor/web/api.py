@@ -63,6 +63,7 @@ class Api:
             Route("/api/queues/{queue}/series", self.series),
             Route("/api/queues/{queue}/jobs", self.jobs),
             Route("/api/jobs/{job_id:path}", self.job),
+            Route("/api/workflows/{workflow_id:path}", self.workflow),
         ]
 
     def overview(self, request: Request) -> Response:
@@ -106,6 +107,13 @@ class Api:
         limit = int_param(request, "limit", PAGE_SIZE, 1, 500)
         data = queries.list_jobs(self.app, request.path_params["queue"], state, offset, limit)
         return json_response(data)
+
+    def workflow(self, request: Request) -> Response:
+        try:
+            return json_response(queries.workflow_detail(
+                self.app, request.path_params["workflow_id"]))
+        except (JobNotFound, ValueError) as exc:
+            return json_response({"error": str(exc)}, 404)
 
     def job(self, request: Request) -> Response:
         try:

@@ -31,6 +31,7 @@ NOTICES = {
     "cancelled": ("ok", "Cancelled the job: it will not run (a running job is stopped within"
                         " seconds)."),
     "not-cancelled": ("warn", "The job was not cancelled: it has already ended."),
+    "workflow-cancelled": ("ok", "Cancelled {n} node(s) of the workflow that had not ended."),
     "paused": ("ok", "Paused: the queue accepts jobs but hands none out."),
     "resumed": ("ok", "Resumed: workers take jobs from the queue again."),
     "bad-request": ("warn", "That action needs a queue or a job id it did not get."),
@@ -82,6 +83,7 @@ class Pages:
             Route("/tasks", self.tasks, name="tasks"),
             Route("/jobs", self.jobs, name="jobs"),
             Route("/jobs/{job_id:path}", self.job, name="job"),
+            Route("/workflows/{workflow_id:path}", self.workflow, name="workflow"),
             Route("/workers", self.workers, name="workers"),
             Route("/schedules", self.schedules, name="schedules"),
             Route("/actions/{action}", self.action, methods=["POST"], name="action"),
@@ -163,6 +165,16 @@ class Pages:
                                job_id=job_id, missing=str(exc))
         return self.render(request, "job.html", "job", job=job, job_id=job_id)
 
+    def workflow(self, request: Request) -> Response:
+        workflow_id = request.path_params["workflow_id"]
+        try:
+            wf = queries.workflow_detail(self.app, workflow_id)
+        except (JobNotFound, ValueError) as exc:
+            return self.render(request, "workflow.html", "workflow", status_code=404, wf=None,
+                               workflow_id=workflow_id, missing=str(exc))
+        return self.render(request, "workflow.html", "workflow", wf=wf,
+                           workflow_id=workflow_id)
+
     def workers(self, request: Request) -> Response:
         # Rendered here too (the script then keeps them fresh), so they read without it.
         sups = queries.supervisors(self.app, series.server_time(self.app))
@@ -212,6 +224,9 @@ class Pages:
             done = app.job(need(job_id)).cancel()
             return ("cancelled" if done else "not-cancelled"), int(done)
 
+        def cancel_workflow(queue: str, job_id: str) -> tuple[str, int]:
+            return "workflow-cancelled", app.workflow_handle(need(job_id)).cancel()
+
         def pause(queue: str, job_id: str) -> tuple[str, int]:
             app.pause(need(queue))
             return "paused", 1
@@ -221,4 +236,4 @@ class Pages:
             return "resumed", 1
 
         return {"requeue": requeue, "purge": purge, "cancel": cancel, "pause": pause,
-                "resume": resume}
+                "resume": resume, "cancel_workflow": cancel_workflow}

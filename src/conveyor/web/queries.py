@@ -143,7 +143,8 @@ def job_detail(app: Conveyor, job_id: str) -> dict[str, Any]:
     job = app.job(job_id)
     info = job.info()
     out = info_dict(info)
-    raw = app.redis.hget(app.keys(job.queue).job(job.short_id), "args")
+    raw, workflow = app.redis.hmget(app.keys(job.queue).job(job.short_id), "args", "wf")
+    out["workflow"] = workflow.decode(errors="replace") if workflow else None
     try:
         args, kwargs = app.codec.decode_args(raw or b"")
         out["args"], out["kwargs"] = args, kwargs
@@ -240,3 +241,24 @@ def schedules(app: Conveyor, now: float) -> list[dict[str, Any]]:
         rows.append({"task": periodic.task.name, "queue": periodic.task.queue,
                      "cron": periodic.cron, "next": next_fire, "last": last_fire})
     return rows
+
+
+WORKFLOW_GROUPS = ("active", "retrying", "ready", "scheduled", "dead", "cancelled", "succeeded")
+
+
+def workflow_detail(app: Conveyor, workflow_id: str) -> dict[str, Any]:
+    """A workflow with its nodes, and the nodes grouped by state (most urgent first).
+
+    :raises JobNotFound: no such workflow (or its record expired)
+    :raises ValueError: not a workflow id
+    """
+    info = app.workflow_handle(workflow_id).info()
+    nodes = []
+    for name, job in info.nodes.items():
+        row = info_dict(job)
+        row["name"], row["after"] = name, list(info.after.get(name, ()))
+        nodes.append(row)
+    groups = [{"state": s, "nodes": [n for n in nodes if n["state"] == s]}
+              for s in WORKFLOW_GROUPS]
+    return {"id": info.id, "state": info.state, "counts": info.counts, "nodes": nodes,
+            "groups": [g for g in groups if g["nodes"]]}

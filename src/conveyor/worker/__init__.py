@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..schedule import Scheduler
 from ..scripts import calls
+from ..workflow.handover import HandOvers
 from .backoff import REDIS_ERRORS, pause_after
 from .clock import ServerClock
 from .executor import Executor, Held
@@ -131,6 +132,8 @@ class Worker:
                                  supervised=self.supervised, on_slot_back=self._slot_back,
                                  progress=self.progress)
         self.outbox = Outbox(self.app, runner, before_flush=self.progress.flush)
+        handovers = HandOvers(self.app, self.queues, self._nodes_ready)
+        self.outbox.on_handover = handovers.now
         self._install_signals()
         await check_server(client)
         self.loops = Loops(on_fatal=lambda _exc: self._request_stop())
@@ -143,6 +146,7 @@ class Worker:
         self.loops.start("worker registry", lambda: keep_registered(self))
         scheduler = Scheduler(self.app, self.queues, ServerClock())
         self.loops.start("periodic scheduler", scheduler.run)
+        self.loops.start("workflow hand-over", handovers.run)
         log.info("worker %s serving %s with concurrency %d", self.id, self.queues,
                  self.concurrency)
         self.started.set()
@@ -204,8 +208,8 @@ class Worker:
                 continue
             if burst and not self.held and not any(self._more.values()):
                 await self.outbox.flush_all()
-                if not self.held:
-                    return
+                if not self.held and not any(self._more.values()):
+                    return  # (a hand-over while flushing may have made nodes ready)
             await self._sleep()
 
     async def _fill(self, runner: Any) -> bool:
@@ -333,6 +337,11 @@ class Worker:
         self._more[queue] = True
         assert self.nudge is not None
         self.nudge.set()
+
+    def _nodes_ready(self, queue: str) -> None:
+        """A hand-over made workflow nodes ready in ``queue``."""
+        if queue in self._more:
+            self.look_again(queue)
 
     def due_at(self, queue: str, due_ms: float) -> None:
         """Something in ``queue`` (a delayed job, a lease deadline) is due at ``due_ms``."""

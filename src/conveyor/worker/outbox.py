@@ -47,6 +47,8 @@ class Outbox:
         self.alerter = alerter_for(app.alert_webhook)  # dead jobs -> webhook
         self._closed = False
         self._hook_tasks: set[asyncio.Task[None]] = set()
+        #: awaited with a queue whose acknowledgements queued workflow hand-overs
+        self.on_handover: Callable[[str], Awaitable[None]] | None = None
 
     def add(self, queue: str, outcome: calls.Outcome) -> None:
         self.pending.setdefault(queue, []).append(outcome)
@@ -90,6 +92,8 @@ class Outbox:
                 )
                 batches[i] = (queue, [])
                 self._after(queue, batch, done)
+                if done.handed_over and self.on_handover is not None:
+                    await self.on_handover(queue)
         except BaseException:
             for queue, batch in batches:  # keep order, try again
                 self.pending.setdefault(queue, [])[:0] = batch

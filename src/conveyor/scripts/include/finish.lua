@@ -50,3 +50,22 @@ local function bury(dead, job_prefix, short_id, now, cap)
   redis.call('ZREMRANGEBYRANK', dead, 0, excess - 1)
   return trimmed
 end
+
+-- The workflow hand-over outbox of the queue whose records live under job_prefix: the same
+-- hash tag, so the same slot (conveyor.keys.QueueKeys.handover formats the same name; a
+-- test keeps the two in step). Derived here so that every script that ends a job can
+-- hand it over without one more KEYS entry.
+local function handover_key(job_prefix)
+  return string.match(job_prefix, '^{[^}]*}') .. ':wf:handover'
+end
+
+-- A workflow node just ended (succeeded, dead or cancelled) at `now` (ms): queue it for the
+-- hand-over to its children, in the same script as the transition, so that no end is ever
+-- missed. The entry is "<short id> <now>": a node that ends again (requeued from the dead
+-- letters) gets an entry of its own, which a drainer removing the first cannot take away.
+-- Returns 1 if the job is a workflow node, else 0.
+local function hand_over(job_prefix, short_id, now)
+  if redis.call('HEXISTS', job_prefix .. short_id, 'wf') == 0 then return 0 end
+  redis.call('RPUSH', handover_key(job_prefix), short_id .. ' ' .. string.format('%.3f', now))
+  return 1
+end

@@ -44,11 +44,12 @@ local function cancel_lapsed(k, cfg, now, id, r)
   emit_event(k.events, cfg.events_maxlen, id, { task = r.task, state = 'cancelled',
     attempts = r.attempts or '0', enqueued_at = r.enqueued_at, run_at = r.run_at,
     started_at = r.started_at, finished_at = finished_at, tenant = r.tenant, error = r.cancel })
+  hand_over(k.job_prefix, id, now)
 end
 
 -- Set every task's active count to the number of leased jobs whose record says it is
--- active. Only needed when a leased job's record vanished or names another task than the
--- one counted (so which count it holds is unknown): O(leases), on that rare path only.
+-- active. Only needed when a leased job's record vanished or was changed by hand (so which
+-- count it holds is unknown): O(leases), on that rare path only.
 local function recount_active(k)
   local counts = {}
   for _, id in ipairs(redis.call('ZRANGE', k.leases, 0, -1)) do
@@ -82,16 +83,16 @@ end
 -- (added to out.dead, with any dead letters the cap trimmed in out.trimmed).
 local function reclaim_expired(k, now, limit, cfg, tally, out)
   local expired = redis.call('ZRANGE', k.leases, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
-  local vanished = false
+  local recount = false
   for _, id in ipairs(expired) do
     redis.call('ZREM', k.leases, id)
     local key = k.job_prefix .. id
     local r = read_record(key)
     if r.state == 'active' and r.cancel then
-      if release_active(k.active, r.task) then vanished = true end
+      if release_active(k.active, r.task) then recount = true end
       cancel_lapsed(k, cfg, now, id, r)
     elseif r.state == 'active' then
-      if release_active(k.active, r.task) then vanished = true end
+      if release_active(k.active, r.task) then recount = true end
       count(tally, r.task, 'failed', 1)
       local attempts = r.attempts or '1'
       local err = 'lease expired: the worker died or stalled (attempt ' .. attempts .. ')'
@@ -108,10 +109,13 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
         count(tally, r.task, 'retried', 1)
       end
     elseif r.state == nil and redis.call('EXISTS', key) == 0 then
-      vanished = true
-    elseif reclaim_mangled(k, now, cfg, tally, id, r, out) then
-      vanished = true
+      recount = true
+    else
+      reclaim_mangled(k, now, cfg, tally, id, r, out)
+      -- Its task field may have been changed or lost since it was leased: the count it
+      -- holds is under a task name the record no longer tells.
+      recount = true
     end
   end
-  if vanished then recount_active(k) end
+  if recount then recount_active(k) end
 end

@@ -83,5 +83,6 @@ local function dead_letter(k, cfg, tally, now, id, r, reason, out)
     attempts = r.attempts or '0', enqueued_at = r.enqueued_at, run_at = r.run_at,
     started_at = r.started_at, finished_at = finished_at, tenant = r.tenant, error = reason })
   count(tally, r.task, 'dead', 1)
+  hand_over(k.job_prefix, id, now)
   out.dead[#out.dead + 1] = id
 end

@@ -1,0 +1,29 @@
+#!lua
+-- Note, in the workflow's home queue, which of its nodes have ended and been handed over.
+-- Once all have, the workflow's record starts to expire with the retention of job records,
+-- so a workflow costs memory only while it runs and for the retention after.
+--
+-- KEYS[1] workflow_prefix  workflow records: workflow_prefix .. short id (+ ':ended')
+-- ARGV[1] retention        seconds the record is kept after the last node ended
+-- ARGV[2] workflow         short id of the workflow
+-- ARGV[3] count            number of node ids (public) that follow
+-- Returns: how many nodes of the workflow have ended
+local workflow_prefix = KEYS[1]
+local retention, short, n = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+if not retention or not short or short == '' or not n or #ARGV ~= 3 + n then
+  return redis.error_reply('ERR workflow_settle: expected retention, workflow and '
+    .. tostring(n) .. ' node ids')
+end
+local record, ended = workflow_prefix .. short, workflow_prefix .. short .. ':ended'
+for i = 4, #ARGV, 1000 do
+  redis.call('SADD', ended, unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+local total = tonumber(redis.call('HGET', record, 'total'))
+local count = redis.call('SCARD', ended)
+if not total then
+  redis.call('EXPIRE', ended, retention)  -- the record is gone: do not keep this for ever
+elseif count >= total then
+  redis.call('EXPIRE', record, retention)
+  redis.call('EXPIRE', ended, retention)
+end
+return count

@@ -1,0 +1,150 @@
+"""Storing a workflow: plan the script calls (no I/O), then send them, sync or async.
+
+A workflow's id is ``"<home queue>~<short id>"``, the home queue being the first node's:
+its record (the node list) lives in that queue's slot. Nodes are stored by one
+``workflow_enqueue`` call per queue, the home queue first, all in one pipeline (one round
+trip) on a single Redis, one call per queue on a Cluster. A node's parent in another queue
+may end before the node's own queue is stored; its hand-over is kept, and the node is
+settled as it is stored (see ``workflow_enqueue.lua``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .. import keys as keyspace
+from ..errors import ConfigurationError, PartialEnqueue
+from ..job import Job
+from ..scripts import ScriptCall, calls
+from .builder import Workflow
+from .handle import WorkflowHandle, run_all
+
+if TYPE_CHECKING:
+    from ..app import Conveyor
+
+log = logging.getLogger("conveyor.workflow")
+_json = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to send: one call per queue, the home queue's first."""
+
+    id: str
+    calls: list[tuple[str, ScriptCall[int], list[str]]]  # queue, call, node short ids
+
+
+def plan(app: Conveyor, wf: Workflow) -> Plan:
+    """The script calls that store ``wf``.
+
+    :raises ConfigurationError: no nodes, a cycle, an unknown dependency
+    :raises SerializationError: arguments that cannot be encoded
+    """
+    if wf.enqueued:
+        raise ConfigurationError("this workflow was enqueued already: build a new one")
+    order = wf.ordered()
+    if not order:
+        raise ConfigurationError("a workflow needs at least one node")
+    home = wf.nodes[0].task.queue
+    wf_id = wf.id
+    wf_short = keyspace.split_job_id(wf_id)[1]
+    ids = {n.name: n.id for n in wf.nodes}
+    parents = {n.name: [p if isinstance(p, str) else p.name for p in n.after] for n in order}
+    children: dict[str, list[str]] = {n.name: [] for n in order}
+    for child, names in parents.items():
+        for parent in names:
+            children[parent].append(ids[child])
+    by_queue: dict[str, list[calls.NodeSpec]] = {home: []}
+    for node in order:
+        task = node.task
+        args = app.codec.encode_args(task.name, node.args, node.kwargs)
+        ps = parents[node.name]
+        by_queue.setdefault(task.queue, []).append(calls.NodeSpec(
+            short_id=keyspace.split_job_id(ids[node.name])[1], spec=task._spec(), args=args,
+            name=node.name, waits_for=len(ps), run_if=node.run_if,
+            parents=_json.encode([[p, ids[p]] for p in ps]) if ps else b"",
+            children=_json.encode(children[node.name]) if children[node.name] else b"",
+        ))
+    listing = _json.encode([[n.name, ids[n.name], parents[n.name], n.run_if] for n in wf.nodes])
+    total = len(wf.nodes)
+    home_record = calls.WorkflowHome(wf_short, listing, total)
+    planned = []
+    for queue, nodes in by_queue.items():
+        call = calls.workflow_enqueue(app.keys(queue), wf_id, nodes, app.limits,
+                                      home=home_record if queue == home else None, total=total)
+        planned.append((queue, call, [n.short_id for n in nodes]))
+    wf.enqueued = True
+    return Plan(wf_id, planned)
+
+
+def _partial(app: Conveyor, p: Plan, stored: list[str], error: BaseException) -> BaseException:
+    """Nothing stored: the error itself. Else cancel what was stored (as far as Redis lets
+    us) and say what was stored."""
+    if not stored:
+        return error
+    jobs = [Job._of(app, q, short) for q, _, shorts in p.calls if q in stored for short in shorts]
+    try:
+        for queue, _, shorts in p.calls:
+            if queue in stored:  # by the ids planned: the home record may be what failed
+                k = app.keys(queue)
+                run_all(app, [calls.cancel(k, short, app.limits) for short in shorts])
+        what = "the stored nodes were cancelled"
+    except Exception as exc:  # Redis is failing: say so, the caller decides
+        log.warning("could not cancel the partly stored workflow %s: %s", p.id, exc)
+        what = f"cancelling it failed too ({type(exc).__name__}: {exc})"
+    partial = PartialEnqueue(
+        f"workflow {p.id}: the nodes of queue(s) {', '.join(stored)} were stored before Redis"
+        f" failed ({type(error).__name__}: {error}); {what}; .jobs lists the stored nodes", jobs)
+    partial.__cause__ = error
+    return partial
+
+
+def store(app: Conveyor, wf: Workflow) -> WorkflowHandle:
+    """Store ``wf`` (see :meth:`Workflow.enqueue`)."""
+    p = plan(app, wf)
+    queues = [q for q, _, _ in p.calls]
+    stored: list[str] = []
+    if app.scripts.pipelined:
+        with app.redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(keyspace.queues_key(app.namespace), *queues)
+            for _, call, _ in p.calls:
+                app.scripts.queue(call, pipe)
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+        # Calls in a pipeline run whatever the others do: those that failed may be any.
+        errors = [r for r in replies if isinstance(r, Exception)]
+        stored = [q for (q, _, _), r in zip(p.calls, replies[1:], strict=True)
+                  if not isinstance(r, Exception)]
+        if errors:
+            raise _partial(app, p, stored, errors[0])
+        app._registered_queues.update(queues)
+        return WorkflowHandle(app, p.id)
+    new = [q for q in queues if q not in app._registered_queues]
+    if new:  # the index of queues lives outside every queue's slot: once per queue
+        app.redis.sadd(keyspace.queues_key(app.namespace), *new)
+        app._registered_queues.update(new)
+    for queue, call, _ in p.calls:
+        try:
+            app.scripts.run(call)
+        except Exception as exc:
+            raise _partial(app, p, stored, exc) from exc
+        stored.append(queue)
+    return WorkflowHandle(app, p.id)
+
+
+async def astore(app: Conveyor, wf: Workflow) -> WorkflowHandle:
+    """Async twin of :func:`store` (one call per queue, in order)."""
+    p = plan(app, wf)
+    client, runner = app.aredis(), app.ascripts()
+    await client.sadd(keyspace.queues_key(app.namespace), *[q for q, _, _ in p.calls])
+    stored: list[str] = []
+    for queue, call, _ in p.calls:
+        try:
+            await runner.run(call)
+        except Exception as exc:
+            raise _partial(app, p, stored, exc) from exc
+        stored.append(queue)
+    return WorkflowHandle(app, p.id)
