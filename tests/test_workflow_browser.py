@@ -50,7 +50,7 @@ def test_cancel_a_workflow_by_clicking(app: conveyor.Conveyor, served: str,
         shot(page, "workflow.png")
         page.locator('button[data-action="cancel_workflow"]').click()
         page.locator(".notice.ok").wait_for()
-        assert "Cancelled 1 node(s)" in page.locator(".notice.ok").inner_text()
+        assert "Cancelled 3 node(s)" in page.locator(".notice.ok").inner_text()  # 2 running
         assert page.dialogs and handle.id in page.dialogs[-1]
         gate.set()
         wait_until(lambda: handle.info().state != "running", 15)
