@@ -4,8 +4,8 @@ EXPECTED = [
     "Advice", "Backlog", "Codec", "ConfigurationError", "Conveyor", "ConveyorError",
     "DeadLetters", "EncodingError", "Job", "JobCancelled", "JobFailed", "JobInfo", "JobNotFound",
     "JobOptions", "JobState", "Limits", "Monitor", "NotReplicated", "PartialEnqueue",
-    "PayloadTooLarge", "ResultTimeout", "SerializationError", "Stats", "Task", "TaskActivity",
-    "Timing", "Worker", "__version__",
+    "PayloadTooLarge", "Queue", "QueueLimits", "ResultTimeout", "SerializationError", "Stats",
+    "Task", "TaskActivity", "TenantLimits", "Timing", "Worker", "__version__",
 ]
 
 

@@ -24,6 +24,7 @@ from .errors import (
     ResultTimeout,
     SerializationError,
 )
+from .flow import Queue, QueueLimits, TenantLimits
 from .job import Job, JobInfo, JobState
 from .monitor import Advice, Backlog, Monitor, Stats, TaskActivity, Timing
 from .scripts.calls import Limits
@@ -53,11 +54,14 @@ __all__ = [
     "NotReplicated",
     "PartialEnqueue",
     "PayloadTooLarge",
+    "Queue",
+    "QueueLimits",
     "ResultTimeout",
     "SerializationError",
     "Stats",
     "Task",
     "TaskActivity",
+    "TenantLimits",
     "Timing",
     "Worker",
     "__version__",

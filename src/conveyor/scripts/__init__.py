@@ -31,6 +31,7 @@ SCRIPT_NAMES = (
     "cancel",
     "requeue_dead",
     "purge_dead",
+    "set_limits",
 )
 
 

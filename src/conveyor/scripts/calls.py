@@ -21,16 +21,19 @@ KEYS: dict[str, tuple[str, ...]] = {
                 "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix"),
     "fetch": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "leases",
               "dead", "counts", "active", "seq", "dedupe_prefix", "events", "metrics_prefix",
-              "wake", "paused"),
+              "wake", "paused", "limits", "buckets", "running", "parked"),
     "finish": ("job_prefix", "leases", "delayed", "dead", "active", "idle", "dedupe_prefix",
-               "events", "metrics_prefix", "wake"),
+               "events", "metrics_prefix", "wake", "counts", "running", "parked", "limits",
+               "ready_prefix", "ring_prefix", "priorities"),
     "heartbeat": ("job_prefix", "leases"),
     "release": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "leases", "counts",
-                "active", "wake"),
+                "active", "wake", "running", "parked", "limits"),
     "cancel": ("job_prefix", "delayed", "counts", "dedupe_prefix"),
     "requeue_dead": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "dead",
                      "counts", "wake"),
     "purge_dead": ("job_prefix", "dead"),
+    "set_limits": ("limits", "buckets", "parked", "ready_prefix", "ring_prefix", "priorities",
+                   "wake", "counts"),
 }
 ARGV: dict[str, tuple[str, ...]] = {
     "enqueue": ("now", "bucket_seconds", "bucket_ttl", "claim", "claim_tick", "claim_mode",
@@ -45,6 +48,7 @@ ARGV: dict[str, tuple[str, ...]] = {
     "cancel": ("now", "retention", "id"),
     "requeue_dead": ("limit",),
     "purge_dead": ("limit",),
+    "set_limits": ("clear", "count"),
 }
 
 
@@ -306,3 +310,18 @@ def requeue_dead(k: QueueKeys, short_ids: Sequence[str], limit: int = 1000) -> S
 def purge_dead(k: QueueKeys, limit: int = 1000) -> ScriptCall[int]:
     """Delete up to ``limit`` dead jobs, oldest first."""
     return _call("purge_dead", k, [limit], int)
+
+
+def _parse_hash(reply: Any) -> dict[str, str]:
+    return {_text(reply[i]): _text(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+
+def set_limits(
+    k: QueueKeys, changes: Sequence[tuple[str, str]], clear: bool = False
+) -> ScriptCall[dict[str, str]]:
+    """Change flow-control limit fields given as (field, value); '' removes a field.
+    ``clear`` removes every limit first. The reply is the limits hash afterwards."""
+    args: list[Arg] = ["1" if clear else "", len(changes)]
+    for name, value in changes:
+        args.extend((name, value))
+    return _call("set_limits", k, args, _parse_hash)

@@ -14,6 +14,13 @@
 -- KEYS[8]  events
 -- KEYS[9]  metrics_prefix
 -- KEYS[10] wake
+-- KEYS[11] counts
+-- KEYS[12] running
+-- KEYS[13] parked
+-- KEYS[14] limits
+-- KEYS[15] ready_prefix
+-- KEYS[16] ring_prefix
+-- KEYS[17] priorities
 -- ARGV[1] now             '' for the server clock (ms override, tests only)
 -- ARGV[2] retention       seconds a finished job record (and its result) is kept
 -- ARGV[3] dead_cap        most dead letters kept
@@ -29,10 +36,12 @@
 --@include metrics
 --@include finish
 --@include ready
+--@include flow
 
-local job_prefix, leases, delayed, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local active, idle, dedupe_prefix, events = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local metrics_prefix, wake = KEYS[9], KEYS[10]
+local job_prefix, leases, delayed, dead, active = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local idle, dedupe_prefix, events, metrics_prefix, wake = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local flow_keys = { counts = KEYS[11], running = KEYS[12], parked = KEYS[13], limits = KEYS[14],
+  ready_prefix = KEYS[15], ring_prefix = KEYS[16], priorities = KEYS[17], wake = wake }
 local retention, dead_cap, events_maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local bucket_seconds, bucket_ttl, n = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local FIELDS, FIRST = 6, 8
@@ -51,7 +60,7 @@ end
 local now = now_ms(ARGV[1])
 local now_s = seconds(now)
 local codes, trimmed, retried = {}, {}, false
-local tally, done_leases, done_tasks = new_tally(), {}, {}
+local tally, done_leases, done_tasks, done_tenants = new_tally(), {}, {}, {}
 for i = 0, n - 1 do
   local base = FIRST + i * FIELDS
   local id, token, outcome = ARGV[base], ARGV[base + 1], ARGV[base + 2]
@@ -66,6 +75,7 @@ for i = 0, n - 1 do
       tenant = f[9], priority = f[10], started_at = started_at, finished_at = now_s }
     done_leases[#done_leases + 1] = id
     done_tasks[job.task] = (done_tasks[job.task] or 0) + 1
+    done_tenants[f[9] or ''] = (done_tenants[f[9] or ''] or 0) + 1
     local enqueued_at, run_at = tonumber(f[7]) or 0, tonumber(f[8]) or 0
     local waited = (tonumber(started_at) or 0) - math.max(enqueued_at, run_at)
     observe(tally, job.task, waited, now / 1000 - (tonumber(started_at) or now / 1000))
@@ -113,6 +123,7 @@ for task, finished in pairs(done_tasks) do
   release_active(active, task, finished)
   redis.call('HSET', idle, task, now_s)
 end
+flow_ended(flow_keys, #done_leases, done_tenants)
 write_tally(tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
 -- A retry may now be the earliest due job: idle workers must re-arm their timers.
 if retried then wake_one(wake) end

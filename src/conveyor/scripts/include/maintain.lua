@@ -37,6 +37,7 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
     local r = read_record(key)
     if r.state == 'active' then
       release_active(k.active, r.task)
+      flow_ended(k, 1, { [r.tenant or ''] = 1 })
       count(tally, r.task, 'failed', 1)
       local attempts = r.attempts or '1'
       local err = 'lease expired: the worker died or stalled (attempt ' .. attempts .. ')'
