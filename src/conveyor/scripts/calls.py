@@ -18,7 +18,7 @@ from . import Arg, ScriptCall
 
 KEYS: dict[str, tuple[str, ...]] = {
     "enqueue": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "counts",
-                "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix"),
+                "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix", "throttle_prefix"),
     "fetch": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "leases",
               "dead", "counts", "active", "seq", "dedupe_prefix", "events", "metrics_prefix",
               "wake", "paused", "limits", "buckets", "running", "parked"),
@@ -38,7 +38,7 @@ KEYS: dict[str, tuple[str, ...]] = {
 ARGV: dict[str, tuple[str, ...]] = {
     "enqueue": ("now", "bucket_seconds", "bucket_ttl", "claim", "claim_tick", "claim_mode",
                 "task", "priority", "tenant", "delay_ms", "at_ms", "max_attempts", "key",
-                "visibility_ms", "count"),
+                "visibility_ms", "debounce_ms", "debounce_max_ms", "throttle_ms", "count"),
     "fetch": ("now", "count", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
               "nonce"),
     "finish": ("now", "retention", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
@@ -94,14 +94,20 @@ class JobSpec(NamedTuple):
     max_attempts: int = 4
     key: str = ""
     visibility_ms: int = 30_000
+    debounce_ms: float | None = None
+    debounce_max_ms: float | None = None
+    throttle_ms: float | None = None
 
     def fields(self) -> tuple[Arg, ...]:
         return (
-            self.task, self.priority, self.tenant,
-            "" if self.delay_ms is None else repr(float(self.delay_ms)),
-            "" if self.at_ms is None else repr(float(self.at_ms)),
-            self.max_attempts, self.key, self.visibility_ms,
+            self.task, self.priority, self.tenant, _opt(self.delay_ms), _opt(self.at_ms),
+            self.max_attempts, self.key, self.visibility_ms, _opt(self.debounce_ms),
+            _opt(self.debounce_max_ms), _opt(self.throttle_ms),
         )
+
+
+def _opt(ms: float | None) -> str:
+    return "" if ms is None else repr(float(ms))
 
 
 def _parse_enqueue(
