@@ -181,3 +181,46 @@ def test_many_parked_tenants_cost_nothing_per_claim(app: conveyor.Conveyor) -> N
     assert app.redis.zcard(k.parked) == 200 and app.redis.zcard(k.priorities) == 0
     enqueue(app, 1, tenant="late")
     assert [j.short_id for j in fetch(app, 500).jobs] == ["late0"]
+
+
+def test_held_counts_in_the_monitor_and_stats(app: conveyor.Conveyor) -> None:
+    q = app.queue(Q)
+    q.set_limits(tenant_concurrency=1)
+    enqueue(app, 5, tenant="a")
+    enqueue(app, 3, tenant="b")
+    enqueue(app, 2, prefix="free")
+    assert app.monitor.stats(queue=Q).backlog.held == 0  # nothing parked until a claim
+    assert len(fetch(app, 50).jobs) == 4  # a, b and the two without a tenant
+    flow = app.monitor.flow(Q)
+    assert flow.held_by_tenant == {"a": 4, "b": 2} and flow.held == 6
+    assert flow.running == 4 and flow.running_by_tenant == {"a": 1, "b": 1}
+    assert app.monitor.stats(queue=Q).backlog.held == 6
+    q.set_limits(concurrency=4)  # the queue itself at its cap: every ready job is held
+    fetch(app, 50)
+    assert app.monitor.flow(Q).blocked_by == "concurrency"
+    assert app.monitor.backlog(Q).held == app.monitor.backlog(Q).ready == 6
+    q.clear_limits()
+    assert app.monitor.backlog(Q).held == 0
+
+
+def test_advice_names_the_limit_and_asks_for_no_idle_workers(app: conveyor.Conveyor) -> None:
+    from conveyor.monitor.advice import decide
+    from conveyor.monitor.flow import FlowState
+    from conveyor.monitor.stats import Backlog, Stats, Timing
+
+    stats = Stats(task=None, queue=Q, window=60, span=60, enqueued=600, started=600,
+                  succeeded=600, failed=0, retried=0, dead=0, throughput=10,
+                  arrival_rate=10, wait=Timing(600, 30, 30, 60, 60),
+                  run=Timing(600, 1, 1, 1, 1),
+                  backlog=Backlog(ready=1000, held=1000), now=1000.0)
+    import dataclasses
+
+    free = decide(Q, dataclasses.replace(stats, backlog=Backlog(ready=1000)), 1.0, [], False,
+                  10, None)
+    capped = decide(Q, stats, 1.0, [], False, 10, None, flow=FlowState(
+        Q, conveyor.QueueLimits(concurrency=8), ready=1000, held=1000, running=8,
+        blocked_by="concurrency"))
+    assert free.workers_needed > 1
+    assert capped.workers_needed == 1  # 8 slots fit in one worker of 32
+    assert any("concurrency cap of 8" in r for r in capped.reasons)
+    assert any("held by the queue's concurrency cap" in r for r in capped.reasons)
