@@ -54,10 +54,11 @@ def stats_table(rows: list[Stats], title: str) -> Table:
 
 
 def backlog_table(app: Conveyor, queues: list[str]) -> Table:
-    table = Table("queue", "ready", "scheduled", "active", "dead", title="backlog")
+    table = Table("queue", "ready", "held", "scheduled", "active", "dead", title="backlog")
     for queue in queues:
         b = app.monitor.backlog(queue)
-        table.add_row(queue, str(b.ready), str(b.scheduled), str(b.active), str(b.dead))
+        table.add_row(queue, str(b.ready), str(b.held), str(b.scheduled), str(b.active),
+                      str(b.dead))
     return table
 
 
