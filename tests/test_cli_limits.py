@@ -28,7 +28,8 @@ def test_limits_are_shown_set_and_cleared(app: conveyor.Conveyor) -> None:
     run(app, "emails", "--tenant", "acme", "--tenant", "globex", "--concurrency", "20")
     q = app.queue("emails")
     assert q.limits() == conveyor.QueueLimits(
-        50, 200.0, 5, 20.0, {"acme": conveyor.TenantLimits(20), "globex": conveyor.TenantLimits(20)})
+        50, 200.0, 5, 20.0,
+        {"acme": conveyor.TenantLimits(20), "globex": conveyor.TenantLimits(20)})
     shown = run(app, "emails").stdout
     assert "concurrency" in shown and "200/s" in shown and "acme" in shown
     state = json.loads(run(app, "emails", "--rate", "none", "--json").stdout)
