@@ -8,6 +8,11 @@ the scripts' ``now`` override, so that leases expire and delayed jobs come due w
 sleeping. After each step, for every job: its state and attempts; and for the queue: the
 ready count, jobs active per task, the lease, delayed and dead sets.
 
+Flow control is part of it: a step sets or clears a queue cap and a per-tenant cap, each
+fetch must lease exactly what the caps allow (no fewer: a tenant at its cap never holds
+back another), and the running counts (the queue's and each tenant's) always equal the
+jobs held, under every interleaving of ends, releases, expiries and limit changes.
+
 ``CONVEYOR_MODEL_EXAMPLES`` raises the number of examples (default 75, for CI).
 """
 
@@ -38,6 +43,7 @@ class Model:
     task: str
     priority: int
     max_attempts: int
+    tenant: str = ""
     attempts: int = 0
     due: float = 0.0  # ms, while scheduled or retrying
     lease: float = 0.0  # ms, while active
@@ -66,6 +72,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.now = 1_800_000_000_000.0
         self.jobs: dict[str, Model] = {}
         self.serial = 0
+        self.cap: int | None = None  # the queue's concurrency cap
+        self.tenant_cap: int | None = None  # every tenant's
 
     def teardown(self) -> None:
         self.app.close()
@@ -93,23 +101,53 @@ class QueueMachine(RuleBasedStateMachine):
         self.run(calls.enqueue(self.k, spec, batch, self.limits, now=self.now))
         for short_id, _ in batch:
             self.jobs[short_id] = Model("scheduled" if delay else "ready", task, priority,
-                                        attempts, due=self.now + delay)
+                                        attempts, tenant, due=self.now + delay)
 
     @rule(ms=st.sampled_from([10, 400, 1100, 3500]))
     def advance_time(self, ms: int) -> None:
         self.now += ms
 
+    @rule(cap=st.sampled_from([None, None, 1, 2, 4]),
+          tenant_cap=st.sampled_from([None, None, 1, 2]))
+    def set_limits(self, cap: int | None, tenant_cap: int | None) -> None:
+        changes = [(name, "" if value is None else str(value)) for name, value in
+                   (("concurrency", cap), ("tenant_concurrency", tenant_cap))]
+        self.run(calls.set_limits(self.k, changes))
+        self.cap, self.tenant_cap = cap, tenant_cap
+
+    def _allowance(self, tenant: str) -> float:
+        """Jobs ``tenant`` may still start under its cap (jobs without one: no cap)."""
+        if not tenant or self.tenant_cap is None:
+            return float("inf")
+        running = sum(1 for j in self.jobs.values() if j.state == "active" and j.tenant == tenant)
+        return max(0, self.tenant_cap - running)
+
+    def _expected_leases(self, count: int, ready: set[str]) -> int:
+        room: float = count
+        if self.cap is not None:
+            active = sum(1 for j in self.jobs.values() if j.state == "active")
+            room = min(room, max(0, self.cap - active))
+        by_tenant: dict[str, int] = {}
+        for short_id in ready:
+            by_tenant[self.jobs[short_id].tenant] = by_tenant.get(self.jobs[short_id].tenant, 0) + 1
+        eligible = sum(min(n, self._allowance(t)) for t, n in by_tenant.items())
+        return int(min(room, eligible))
+
     @rule(count=st.integers(1, 4))
     def fetch(self, count: int) -> None:
         self._reclaim_and_promote()
         ready = {i for i, j in self.jobs.items() if j.state == "ready"}
+        expected = self._expected_leases(count, ready)
         fetched = self.run(calls.fetch(self.k, count, self.limits, now=self.now))
         assert isinstance(fetched, calls.Fetched)
         leased = [job.short_id for job in fetched.jobs]
-        assert len(leased) == min(count, len(ready)), (leased, ready)
+        assert len(leased) == expected, (leased, ready, self.cap, self.tenant_cap)
         assert set(leased) <= ready
-        rest = ready - set(leased)
-        if leased and rest:  # higher priorities first
+        # Higher priorities first, among the jobs a cap did not hold back.
+        rest = {i for i in ready - set(leased)
+                if self._allowance(self.jobs[i].tenant) - sum(
+                    1 for j in leased if self.jobs[j].tenant == self.jobs[i].tenant) > 0}
+        if leased and rest:
             assert min(self.jobs[i].priority for i in leased) >= max(
                 self.jobs[i].priority for i in rest)
         for job in fetched.jobs:
@@ -225,6 +263,16 @@ class QueueMachine(RuleBasedStateMachine):
         for task in TASKS:
             running = sum(1 for j in self.jobs.values() if j.state == "active" and j.task == task)
             assert active.get(task, 0) == running, (task, active)
+        # The limits' running counts equal the jobs held, the queue's and each tenant's.
+        held = by_state.get("active", set())
+        assert int(redis.hget(self.k.counts, "running") or 0) == len(held)
+        per_tenant: dict[str, int] = {}
+        for short_id in held:
+            if self.jobs[short_id].tenant:
+                per_tenant[self.jobs[short_id].tenant] = per_tenant.get(
+                    self.jobs[short_id].tenant, 0) + 1
+        stored = {k.decode(): int(v) for k, v in redis.hgetall(self.k.running).items()}
+        assert stored == per_tenant
 
 
 QueueMachine.TestCase.settings = settings(
