@@ -109,3 +109,9 @@ def test_checker_fails_on_dead_work_overlap_and_counters() -> None:
     assert {"only poison jobs end dead", "no job ran twice at once in one process",
             "ready counter equals the ready lists",
             "active counters equal the leases, per task"} <= failed(check(ev)[0])
+
+
+def test_checker_fails_on_a_leaked_running_count() -> None:
+    ev = healthy()
+    ev.counters = dataclasses.replace(ev.counters, running=1, running_tenants={"t1": 1})
+    assert failed(check(ev)[0]) == {"limits' running counts equal the leases"}

@@ -71,14 +71,17 @@ class Producer:
                 later.append((*item, round(rng.uniform(0.5, p.max_delay), 1)))
             else:
                 now.append(item)
+        work = self.tasks.work
+        if p.tenants:  # a tenant per batch: the limits of the run apply per tenant too
+            work = work.options(tenant=f"t{rng.randrange(p.tenants)}")
         try:
             if now:
-                jobs = self.tasks.work.enqueue_many(now)
+                jobs = work.enqueue_many(now)
                 for (label, _), job in zip(now, jobs, strict=True):
                     self._keep("work", label, job)
                 self.enqueued += len(now)
             for label, seconds, delay in later:
-                job = self.tasks.work.options(delay=delay).enqueue(label, seconds)
+                job = work.options(delay=delay).enqueue(label, seconds)
                 self._keep("work", label, job)
                 with self.lock:
                     self.delayed.append((time.monotonic() + delay, label, job))

@@ -25,6 +25,9 @@ class Profile:
     :param delayed_share: share of work jobs enqueued with a delay
     :param max_delay: longest delay (s)
     :param weights: fault kind -> relative frequency (each kind also comes once early)
+    :param tenants: tenants the work jobs are spread over (one per enqueue batch)
+    :param queue_cap: the queue's concurrency limit during the run (None: none)
+    :param tenant_cap: every tenant's concurrency limit during the run (None: none)
     """
 
     name: str
@@ -40,6 +43,9 @@ class Profile:
     delayed_share: float
     max_delay: float
     weights: dict[str, float]
+    tenants: int = 4
+    queue_cap: int | None = 10
+    tenant_cap: int | None = 4
 
     def replace(self, **changes: object) -> Profile:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -80,6 +80,8 @@ class ChaosRun:
                 self.skipped.update({"proxy-blackhole": reason, "proxy-reset": reason})
             tasks = ChaosTasks(f"{server.url}?client_name={CLIENT_NAME}",
                                f"chaos-{self.seed}", ledger.url)
+            tasks.app.queue(QUEUE).set_limits(concurrency=self.profile.queue_cap,
+                                              tenant_concurrency=self.profile.tenant_cap)
             fleet = self._fleet(server, ledger, proxy)
             began = time.monotonic()
             producer = self._drive(server, fleet, tasks, proxy)
