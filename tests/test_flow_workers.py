@@ -197,3 +197,28 @@ def test_limits_changed_at_runtime_hold_within_a_second(
     fleet.stop()
     with contextlib.suppress(Exception):
         assert running_now(fapp) == 0
+
+
+def test_an_idle_worker_does_not_poll_a_queue_held_by_its_limits(
+    fapp: conveyor.Conveyor, fleet: Fleet, redis_server: RedisServer
+) -> None:
+    """Nothing eligible (a cap of 0 over 100 ready jobs): the worker blocks on its wake key
+    and looks at the queue once per quiet spell, never in a loop."""
+    fapp.queue("flow").set_limits(concurrency=0)
+    work(fapp).enqueue_many([(f"i{i}", 0.0) for i in range(100)])
+    fleet.start(1, concurrency=8)
+    time.sleep(2)
+    port = fapp.url.rsplit(":", 1)[1].split("/")[0]
+    monitor = subprocess.Popen(["redis-cli", "-p", port, "monitor"], stdout=subprocess.PIPE)
+    window = 22.0
+    time.sleep(window)
+    monitor.terminate()
+    lines = monitor.communicate(timeout=10)[0].decode(errors="replace").splitlines()
+    ns = fapp.namespace
+    sent = [line for line in lines if "[0 lua]" not in line and ns in line]
+    scripts = [line for line in sent if '"evalsha"' in line.lower()]
+    # One fetch per quiet spell (20 s): the limits cost 0.05 commands/s; everything the
+    # worker sends (registry heartbeats included) stays near the idle budget.
+    assert len(scripts) <= 2, scripts
+    assert len(sent) / window <= 0.7, sent
+    assert running_now(fapp) == 0
