@@ -38,3 +38,19 @@ def test_limits_are_shown_set_and_cleared(app: conveyor.Conveyor) -> None:
     assert bad.returncode != 0 and "rate must be" in bad.stderr
     run(app, "emails", "--clear")
     assert q.limits() == conveyor.QueueLimits()
+
+
+def test_stats_shows_jobs_held_per_tenant(app: conveyor.Conveyor) -> None:
+    from conveyor.scripts import calls
+
+    app.queue("emails").set_limits(tenant_concurrency=1)
+    k = app.keys("emails")
+    for tenant in ("acme", "globex"):
+        spec = calls.JobSpec(task="emails.send", tenant=tenant)
+        app.store("emails", spec, [(f"{tenant}{i}", b"[[]]") for i in range(3)])
+    app.scripts.run(calls.fetch(k, 10, app.limits))  # one each runs, the rest is held
+    done = subprocess.run([CONVEYOR, "stats", "--url", app.url, "--namespace", app.namespace],
+                          env=env_with_src(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "held by limits" in done.stdout
+    assert any("acme" in line and " 2 " in line for line in done.stdout.splitlines())
