@@ -183,6 +183,7 @@ class Fetched:
     dead: list[str]
     jobs: list[Leased]
     trimmed: list[str] = field(default_factory=list)
+    held: bool = False  # limits held back ready jobs (they start when a limit frees)
 
 
 def _float(value: Any, default: float = 0.0) -> float:
@@ -221,13 +222,14 @@ def _leased(f: Sequence[Any]) -> Leased:
 
 
 def _parse_fetch(reply: list[Any]) -> Fetched:
-    now, next_due, dead, flat, trimmed = reply
+    now, next_due, dead, flat, trimmed, held = reply
     return Fetched(
         now_ms=float(now),
         next_due_ms=float(next_due) if next_due not in (b"", "") else None,
         dead=[_text(d) for d in dead],
         jobs=[_leased(flat[i:i + 9]) for i in range(0, len(flat), 9)],
         trimmed=[_text(t) for t in trimmed],
+        held=bool(int(held)),
     )
 
 

@@ -38,7 +38,8 @@
 -- Returns: { now_ms, next_due_ms ('' if none), dead short ids (lost leases, bad records),
 --            jobs: flat, 9 fields each: short id, token, task, args, attempts,
 --            max_attempts, enqueued_at, run_at, vt;
---            short ids of dead letters deleted by the cap meanwhile }
+--            short ids of dead letters deleted by the cap meanwhile,
+--            1 if limits held back ready jobs (a burst worker waits for them) else 0 }
 --@include clock
 --@include ready
 --@include metrics
@@ -72,7 +73,7 @@ promote_due(k, now, 1000, cfg, tally, out)
 
 local acc = new_lease_batch()
 local take = lease_taker(k, cfg, tally, out, now, want, nonce, acc)
-local taken, refill, lim = 0, nil, nil
+local taken, refill, lim, held = 0, nil, nil, false
 if redis.call('EXISTS', k.paused) == 0 then
   lim = read_limits(k.limits)
   if lim then
@@ -94,7 +95,10 @@ if redis.call('EXISTS', k.paused) == 0 then
   if taken > 0 and (not lim or taken == want) and redis.call('ZCARD', k.priorities) > 0 then
     wake_one(k.wake)
   end
-  if refill and (tonumber(redis.call('HGET', k.counts, 'ready')) or 0) <= 0 then refill = nil end
+  if lim and taken < want then  -- did a limit hold back ready jobs?
+    held = (tonumber(redis.call('HGET', k.counts, 'ready')) or 0) > 0
+  end
+  if not held then refill = nil end
 end
 write_tally(tally, bucket_key(k.metrics_prefix, now, cfg.bucket_seconds), cfg.bucket_ttl)
 
@@ -106,4 +110,4 @@ for _, set in ipairs({ k.delayed, k.leases, k.parked }) do
   end
 end
 return { string.format('%.3f', now), next_due == '' and '' or string.format('%.3f', next_due),
-  out.dead, acc.jobs, out.trimmed }
+  out.dead, acc.jobs, out.trimmed, held and 1 or 0 }

@@ -78,6 +78,7 @@ class Worker:
         self._stopping = False
         self.nudge: asyncio.Event | None = None
         self._more: dict[str, bool] = {}
+        self._held_back: dict[str, bool] = {}  # a limit held ready jobs at the last fetch
         self.next_due: dict[str, float | None] = {}
         self._rotation = 0
         self.started = threading.Event()
@@ -196,7 +197,8 @@ class Worker:
                 continue
             if took:
                 continue
-            if burst and not self.held and not any(self._more.values()):
+            if burst and not self.held and not any(self._more.values()) \
+                    and not any(self._held_back.values()):
                 await self.outbox.flush_all()
                 if not self.held:
                     return
@@ -217,6 +219,7 @@ class Worker:
             self.clock.observe(fetched.now_ms)
             self.next_due[queue] = fetched.next_due_ms
             self._more[queue] = len(fetched.jobs) == free
+            self._held_back[queue] = fetched.held
             if fetched.dead:
                 self.outbox.notify_dead(queue, fetched.dead)
             if fetched.trimmed:

@@ -62,17 +62,20 @@ local function flow_park(k, priority, tenant, until_ms)
 end
 
 -- Return a tenant from wherever it is parked (one of its runs ended). One ZMSCORE for the
--- ten priorities, so O(1).
+-- ten priorities, so O(1). Returns whether it was parked anywhere.
 local function flow_unpark_tenant(k, tenant)
   local members = {}
   for p = 0, 9 do members[p + 1] = p .. ':' .. tenant end
   local scores = redis.call('ZMSCORE', k.parked, unpack(members))
+  local found = false
   for p = 0, 9 do
     if scores[p + 1] then
       redis.call('ZREM', k.parked, members[p + 1])
       flow_return(k, p, tenant)
+      found = true
     end
   end
+  return found
 end
 
 -- Return every parked tenant whose time has come (at most `limit`).
@@ -108,23 +111,26 @@ local function flow_started(k, n, by_tenant)
 end
 
 -- Count runs that ended (every way a run ends calls this): the slots go back, parked
--- tenants whose runs ended return to their rings, and an idle worker is woken when a
--- limited queue has ready jobs that a freed slot may let start.
+-- tenants whose runs ended return to their rings, and when that may let a held job start
+-- (the queue was at its cap, or a tenant came back) an idle worker is woken.
 local function flow_ended(k, n, by_tenant)
   if n <= 0 then return end
-  if redis.call('HINCRBY', k.counts, 'running', -n) < 0 then
-    redis.call('HSET', k.counts, 'running', 0)
-  end
+  local left = redis.call('HINCRBY', k.counts, 'running', -n)
+  if left < 0 then redis.call('HSET', k.counts, 'running', 0) end
+  local freed = false
   for tenant, c in pairs(by_tenant) do
     if tenant ~= '' then
       if redis.call('HINCRBY', k.running, tenant, -c) <= 0 then
         redis.call('HDEL', k.running, tenant)
       end
-      flow_unpark_tenant(k, tenant)
+      freed = flow_unpark_tenant(k, tenant) or freed
     end
   end
-  if redis.call('EXISTS', k.limits) == 1
-      and (tonumber(redis.call('HGET', k.counts, 'ready')) or 0) > 0 then
+  if not freed then
+    local cap = tonumber(redis.call('HGET', k.limits, 'concurrency'))
+    freed = cap ~= nil and left + n >= cap
+  end
+  if freed and (tonumber(redis.call('HGET', k.counts, 'ready')) or 0) > 0 then
     wake_one(k.wake)
   end
 end
