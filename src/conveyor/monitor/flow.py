@@ -70,11 +70,14 @@ def read_flow(client: Any, keys: QueueKeys) -> FlowState:
     with client.pipeline(transaction=False) as pipe:
         pipe.hgetall(keys.limits).hmget(keys.counts, "running", "ready")
         pipe.hgetall(keys.running).hget(keys.buckets, "").exists(keys.paused)
-        pipe.zrange(keys.parked, 0, PARKED_READ - 1).time()
-        raw_limits, counts, by_tenant, bucket, paused, parked, now = pipe.execute()
+        pipe.zrange(keys.parked, 0, PARKED_READ - 1)
+        raw_limits, counts, by_tenant, bucket, paused, parked = pipe.execute()
     lim = limits_from_hash({_text(a): _text(b) for a, b in raw_limits.items()})
     running, ready = _int(counts[0]), _int(counts[1])
-    now_ms = now[0] * 1000 + now[1] / 1000
+    now_ms = 0.0
+    if lim.rate is not None:  # the server's clock, as the scripts read it (not pipelined:
+        sec, usec = client.time()  # a cluster pipeline refuses keyless commands)
+        now_ms = sec * 1000 + usec / 1000
     held_by_tenant: dict[str, int] = {}
     members = [_text(m) for m in parked]
     if members:
