@@ -222,3 +222,27 @@ def test_an_idle_worker_does_not_poll_a_queue_held_by_its_limits(
     assert len(scripts) <= 2, scripts
     assert len(sent) / window <= 0.7, sent
     assert running_now(fapp) == 0
+
+
+def test_a_rate_raised_at_runtime_is_used_within_a_second(
+    fapp: conveyor.Conveyor, fleet: Fleet
+) -> None:
+    q = fapp.queue("flow")
+    q.set_limits(rate="4/s")
+    fleet.start(2, concurrency=16)
+    work(fapp).enqueue_many([(f"s{i}", 0.0) for i in range(400)])
+    wait_until(lambda: len(read_ledger(fapp.redis, fapp.namespace)) >= 8, timeout=20,
+               message="the slow rate at work")
+    time.sleep(1.0)
+    raised = time.time()
+    q.set_limits(rate="100/s")
+    time.sleep(2.0)
+    starts = [r.start for r in read_ledger(fapp.redis, fapp.namespace)]
+    before = [t for t in starts if t < raised]
+    first = [t for t in starts if raised <= t < raised + 1.0]
+    second = [t for t in starts if raised + 1.0 <= t < raised + 2.0]
+    assert most_starts_in_window(before, 1.0) <= 8  # 4/s: at most rate x (T + 1)
+    assert len(first) >= 50 and len(second) >= 50, (len(first), len(second))  # ~100/s
+    q.clear_limits()
+    wait_until(lambda: len(read_ledger(fapp.redis, fapp.namespace)) == 400, timeout=30,
+               message="the rest at once")
