@@ -8,16 +8,18 @@ the scripts' ``now`` override, so that leases expire and delayed jobs come due w
 sleeping. After each step, for every job: its state and attempts; and for the queue: the
 ready count, jobs active per task, the lease, delayed and dead sets.
 
-Flow control is part of it: a step sets or clears a queue cap and a per-tenant cap, each
-fetch must lease exactly what the caps allow (no fewer: a tenant at its cap never holds
-back another), and the running counts (the queue's and each tenant's) always equal the
-jobs held, under every interleaving of ends, releases, expiries and limit changes.
+Flow control is part of it: a step sets or clears a queue cap and rate and a per-tenant
+cap and rate, each fetch must lease exactly what the limits allow (no fewer: a tenant at
+its limit never holds back another), the model keeps its own token buckets, and the
+running counts (the queue's and each tenant's) always equal the jobs held, under every
+interleaving of ends, releases, expiries and limit changes.
 
 ``CONVEYOR_MODEL_EXAMPLES`` raises the number of examples (default 75, for CI).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import uuid
 from collections.abc import Iterator
@@ -74,6 +76,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.serial = 0
         self.cap: int | None = None  # the queue's concurrency cap
         self.tenant_cap: int | None = None  # every tenant's
+        self.rate: float | None = None  # the queue's rate (jobs/s)
+        self.tenant_rate: float | None = None  # every tenant's
+        self.buckets: dict[str, tuple[float, float]] = {}  # '' queue, tenant -> (tokens, ms)
 
     def teardown(self) -> None:
         self.app.close()
@@ -83,9 +88,13 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- steps -----------------------------------------------------------------------------
 
-    @initialize()
-    def start(self) -> None:
+    @initialize(cap=st.sampled_from([None, 1, 2, 4]), tenant_cap=st.sampled_from([None, 1, 2]),
+                rate=st.sampled_from([None, 1, 3]), tenant_rate=st.sampled_from([None, 2]))
+    def start(self, cap: int | None, tenant_cap: int | None, rate: int | None,
+              tenant_rate: int | None) -> None:
         self.app.redis.sadd(f"{self.app.namespace}:queues", "q")
+        # Most runs start under some limits (a step may change or remove them later).
+        self.set_limits(cap, tenant_cap, rate, tenant_rate)
 
     @rule(task=st.sampled_from(TASKS), priority=st.integers(0, 9),
           tenant=st.sampled_from(["", "t1", "t2"]), delay=st.sampled_from([0, 0, 500, 3000]),
@@ -108,25 +117,63 @@ class QueueMachine(RuleBasedStateMachine):
         self.now += ms
 
     @rule(cap=st.sampled_from([None, None, 1, 2, 4]),
-          tenant_cap=st.sampled_from([None, None, 1, 2]))
-    def set_limits(self, cap: int | None, tenant_cap: int | None) -> None:
+          tenant_cap=st.sampled_from([None, None, 1, 2]),
+          rate=st.sampled_from([None, None, 1, 3]), tenant_rate=st.sampled_from([None, None, 2]))
+    def set_limits(self, cap: int | None, tenant_cap: int | None, rate: int | None,
+                   tenant_rate: int | None) -> None:
         changes = [(name, "" if value is None else str(value)) for name, value in
-                   (("concurrency", cap), ("tenant_concurrency", tenant_cap))]
+                   (("concurrency", cap), ("tenant_concurrency", tenant_cap), ("rate", rate),
+                    ("tenant_rate", tenant_rate))]
         self.run(calls.set_limits(self.k, changes))
         self.cap, self.tenant_cap = cap, tenant_cap
+        self.rate = None if rate is None else float(rate)
+        self.tenant_rate = None if tenant_rate is None else float(tenant_rate)
+        if (cap, tenant_cap, rate, tenant_rate) == (None, None, None, None):
+            self.buckets.clear()  # no limit left: the buckets go too
+
+    def _tokens(self, bucket: str, rate: float) -> float:
+        """As flow.lua's bucket_tokens: an absent bucket is full (one second's worth)."""
+        size = max(rate, 1.0)
+        if bucket not in self.buckets:
+            return size
+        tokens, at = self.buckets[bucket]
+        return min(size, tokens + max(0.0, self.now - at) * rate / 1000)
 
     def _allowance(self, tenant: str) -> float:
-        """Jobs ``tenant`` may still start under its cap (jobs without one: no cap)."""
-        if not tenant or self.tenant_cap is None:
-            return float("inf")
-        running = sum(1 for j in self.jobs.values() if j.state == "active" and j.tenant == tenant)
-        return max(0, self.tenant_cap - running)
+        """Jobs ``tenant`` may still start under its cap and rate (no tenant: no limit)."""
+        if not tenant:
+            return math.inf
+        room = math.inf
+        if self.tenant_cap is not None:
+            running = sum(1 for j in self.jobs.values()
+                          if j.state == "active" and j.tenant == tenant)
+            room = max(0, self.tenant_cap - running)
+        if self.tenant_rate is not None:
+            room = min(room, math.floor(self._tokens(tenant, self.tenant_rate) + 1e-9))
+        return room
+
+    def _consume(self, leased: list[str]) -> None:
+        """Take the tokens the leases used, as the claim stores them."""
+        if self.rate is not None and leased:
+            left = self._tokens("", self.rate) - len(leased)
+            self.buckets[""] = (float(f"{left:.6f}"), float(f"{self.now:.3f}"))
+        if self.tenant_rate is None:
+            return
+        per: dict[str, int] = {}
+        for short_id in leased:
+            if self.jobs[short_id].tenant:
+                per[self.jobs[short_id].tenant] = per.get(self.jobs[short_id].tenant, 0) + 1
+        for tenant, n in per.items():
+            left = self._tokens(tenant, self.tenant_rate) - n
+            self.buckets[tenant] = (float(f"{left:.6f}"), float(f"{self.now:.3f}"))
 
     def _expected_leases(self, count: int, ready: set[str]) -> int:
         room: float = count
         if self.cap is not None:
             active = sum(1 for j in self.jobs.values() if j.state == "active")
             room = min(room, max(0, self.cap - active))
+        if self.rate is not None:
+            room = min(room, math.floor(self._tokens("", self.rate) + 1e-9))
         by_tenant: dict[str, int] = {}
         for short_id in ready:
             by_tenant[self.jobs[short_id].tenant] = by_tenant.get(self.jobs[short_id].tenant, 0) + 1
@@ -150,6 +197,7 @@ class QueueMachine(RuleBasedStateMachine):
         if leased and rest:
             assert min(self.jobs[i].priority for i in leased) >= max(
                 self.jobs[i].priority for i in rest)
+        self._consume(leased)
         for job in fetched.jobs:
             model = self.jobs[job.short_id]
             assert job.token not in model.tokens, "a fencing token was handed out twice"

@@ -60,7 +60,7 @@ def _blocked_by(lim: QueueLimits, paused: bool, running: int, bucket: Any,
         return "paused"
     if lim.concurrency is not None and running >= lim.concurrency:
         return "concurrency"
-    if lim.rate is not None and lim.rate > 0 and bucket_tokens(bucket, lim.rate, now_ms) < 1:
+    if lim.rate is not None and lim.rate > 0 and bucket_tokens(bucket, lim.rate, now_ms) < 1 - 1e-9:
         return "rate"
     return None
 

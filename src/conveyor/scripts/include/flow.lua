@@ -27,6 +27,12 @@ local function bucket_tokens(state, rate, now)
   return math.min(size, tokens + math.max(0, now - ts) * rate / 1000)
 end
 
+-- Whole tokens in a bucket; a sum of decimal refills that lands a hair under a whole number
+-- (0.7 + 0.3 in binary floating point) counts as that number.
+local function whole_tokens(tokens)
+  return math.floor(tokens + 1e-9)
+end
+
 -- When (ms) a bucket holding `tokens` has a whole token again.
 local function bucket_refill_at(tokens, rate, now)
   return now + math.max(1, math.ceil((1 - tokens) * 1000 / rate))

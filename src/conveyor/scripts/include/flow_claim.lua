@@ -15,7 +15,7 @@ local function tenant_room(k, lim, tenant, now, already)
   end
   if rate then
     t.tokens = bucket_tokens(redis.call('HGET', k.buckets, 't:' .. tenant), rate, now)
-    t.room = math.min(t.room, math.floor(t.tokens))
+    t.room = math.min(t.room, whole_tokens(t.tokens))
   end
   return t
 end
@@ -24,7 +24,7 @@ end
 -- it lacks, else (its cap) until one of its runs ends, re-checked now and then.
 local function park_tenant(k, p, tenant, t, now)
   local until_ms = now + FLOW_RECHECK_MS
-  if t.rate and t.tokens < 1 and t.room <= 0 then
+  if t.rate and whole_tokens(t.tokens) < 1 and t.room <= 0 then
     until_ms = bucket_refill_at(t.tokens, t.rate, now)
   end
   flow_park(k, p, tenant, until_ms)
@@ -41,7 +41,7 @@ local function claim_limited(k, lim, now, want, take)
   local qtokens
   if lim.rate then
     qtokens = bucket_tokens(redis.call('HGET', k.buckets, ''), lim.rate, now)
-    room = math.min(room, math.floor(qtokens))
+    room = math.min(room, whole_tokens(qtokens))
   end
   local leased, mine = 0, {}
   while leased < room do
@@ -87,7 +87,8 @@ local function claim_limited(k, lim, now, want, take)
   local refill
   if lim.rate then
     if leased > 0 then bucket_store(k.buckets, '', qtokens - leased, now) end
-    if qtokens - leased < 1 then refill = bucket_refill_at(qtokens - leased, lim.rate, now) end
+    local left = qtokens - leased
+    if whole_tokens(left) < 1 then refill = bucket_refill_at(left, lim.rate, now) end
   end
   return leased, refill
 end
