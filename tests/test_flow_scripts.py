@@ -224,3 +224,21 @@ def test_advice_names_the_limit_and_asks_for_no_idle_workers(app: conveyor.Conve
     assert capped.workers_needed == 1  # 8 slots fit in one worker of 32
     assert any("concurrency cap of 8" in r for r in capped.reasons)
     assert any("held by the queue's concurrency cap" in r for r in capped.reasons)
+
+
+def test_held_jobs_are_no_reason_to_scale_out(app: conveyor.Conveyor) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from conveyor.monitor.prometheus import RedisCollector
+    from conveyor.worker.autoscale import SignalReader
+
+    enqueue(app, 30)
+    reader = SignalReader(app, [Q], target_wait=1.0)
+    assert reader.backlog(1_000_000.0)[0] == 30
+    app.queue(Q).set_limits(concurrency=2)
+    fetch(app, 50)  # two run; the queue is at its cap: the other 28 are held
+    assert reader.backlog(1_000_000.0)[0] == 0  # nothing more workers could start
+    registry = CollectorRegistry()
+    registry.register(RedisCollector(app, queues=[Q]))
+    text = generate_latest(registry).decode()
+    assert f'conveyor_queue_held{{queue="{Q}"}} 28.0' in text
