@@ -61,3 +61,16 @@ def test_limits_panel_shows_and_changes_limits(app: conveyor.Conveyor,
     assert tenant.status_code == 303
     assert q.limits().tenants["acme"] == conveyor.TenantLimits(4, 10.0)
     assert "Limits changed" in client.get(done.headers["location"]).text
+
+
+def test_queue_api_reports_the_flow_state(app: conveyor.Conveyor, client: TestClient) -> None:
+    from conveyor.scripts import calls
+
+    app.queue("mail").set_limits(tenant_concurrency=1, rate="50/s")
+    spec = calls.JobSpec(task="mail.send", tenant="acme")
+    app.store("mail", spec, [(f"a{i}", b"[[]]") for i in range(4)])
+    app.scripts.run(calls.fetch(app.keys("mail"), 10, app.limits))
+    flow = client.get("/api/queues/mail").json()["flow"]
+    assert flow["limits"]["tenant_concurrency"] == 1 and flow["limits"]["rate"] == 50.0
+    assert flow["running"] == 1 and flow["held"] == 3
+    assert flow["held_tenants"] == [{"tenant": "acme", "held": 3, "running": 1}]
