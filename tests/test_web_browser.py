@@ -246,3 +246,21 @@ def test_readme_shows_the_dashboard() -> None:
     picture = root / "docs" / "dashboard.png"
     assert picture.exists() and picture.stat().st_size > 10_000
     assert "docs/dashboard.png" in (root / "README.md").read_text()
+
+
+def test_an_operator_changes_a_queues_limits(app: conveyor.Conveyor, served: str,
+                                           page: Any) -> None:
+    q = app.queue("mail")
+    q.set_limits(concurrency=3)
+    page.goto(served + "/queues/mail")
+    panel = page.locator("#flow")
+    assert panel.locator('input[name="concurrency"]').first.input_value() == "3"
+    panel.locator('input[name="concurrency"]').first.fill("12")
+    panel.locator('input[name="rate"]').first.fill("200/s")
+    panel.locator('button[data-action="limits"]').click()
+    page.locator(".notice.ok").wait_for()
+    assert "Limits changed" in page.locator(".notice.ok").inner_text()
+    assert page.dialogs and "Change the limits of queue mail" in page.dialogs[-1]
+    lim = q.limits()
+    assert (lim.concurrency, lim.rate) == (12, 200.0)
+    assert page.locator("#flow").locator('input[name="concurrency"]').first.input_value() == "12"
