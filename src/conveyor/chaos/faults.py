@@ -40,10 +40,12 @@ FAULT_KINDS = {
     "poison-exit": "a job whose task leaves its process with os._exit",
     "poison-hang": "a job whose sync task sleeps far past its timeout",
     "cancel": "cancel of a delayed job before it is due",
+    "limits": "the queue's cap and tenant cap changed at runtime (or removed)",
 }
 MIN_VICTIM_AGE = 1.5  # seconds: a worker still importing is not worth killing
 
 PoisonHook = Callable[[str], str | None]  # kind -> label of the job enqueued, or None
+LimitsHook = Callable[[int | None, int | None], bool]  # (cap, tenant cap) -> applied
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +74,12 @@ class Injector:
     :param cancel: cancels one delayed job; returns its label, or None if none was found
     :param stop: set when the run is aborted (episodes end early)
     :param proxy: the proxy between one slot and Redis, when the run has one
+    :param limits: changes the queue's limits (cap, tenant cap); None: no such faults
     """
 
     def __init__(self, server: RedisProcess, fleet: Fleet, rng: random.Random,
                  poison: PoisonHook, cancel: Callable[[], str | None], stop: threading.Event,
-                 proxy: Any = None) -> None:
+                 proxy: Any = None, limits: LimitsHook | None = None) -> None:
         self.server = server
         self.fleet = fleet
         self.rng = rng
@@ -84,13 +87,15 @@ class Injector:
         self.cancel_hook = cancel
         self.stop = stop
         self.proxy = proxy
+        self.limits_hook = limits
         self.began = time.monotonic()
         self.redis_lock = threading.Lock()  # held while Redis is down (the run waits on it)
 
     def available(self, kinds: dict[str, float]) -> dict[str, float]:
         """The kinds that can be injected in this run (proxy faults need a proxy)."""
         return {k: w for k, w in kinds.items()
-                if w > 0 and (self.proxy is not None or not k.startswith("proxy-"))}
+                if w > 0 and (self.proxy is not None or not k.startswith("proxy-"))
+                and (self.limits_hook is not None or k != "limits")}
 
     def inject(self, kind: str) -> Fault | None:
         """Run one episode of ``kind``; None when there was nothing to hit."""
@@ -199,6 +204,15 @@ class Injector:
 
     def _poison_hang(self) -> tuple[str, int] | None:
         return self._poison("hang", 0)
+
+    def _limits(self) -> tuple[str, int] | None:
+        if self.limits_hook is None:
+            return None
+        cap = self.rng.choice([None, 8, 10, 16])
+        tenant_cap = self.rng.choice([None, 2, 4, 6])
+        if not self.limits_hook(cap, tenant_cap):
+            return None
+        return f"concurrency {cap}, tenant concurrency {tenant_cap}", 0
 
     def _cancel(self) -> tuple[str, int] | None:
         label = self.cancel_hook()

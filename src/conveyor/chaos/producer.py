@@ -13,7 +13,7 @@ import redis
 
 from ..job import Job
 from .profiles import Profile
-from .tasks import ChaosTasks
+from .tasks import QUEUE, ChaosTasks
 
 __all__ = ["Producer"]
 
@@ -100,6 +100,14 @@ class Producer:
             return None
         self._keep(kind, label, job)
         return label
+
+    def change_limits(self, cap: int | None, tenant_cap: int | None) -> bool:
+        """Set the queue's cap and every tenant's (None: no limit); False if Redis refused."""
+        try:
+            self.tasks.app.queue(QUEUE).set_limits(concurrency=cap, tenant_concurrency=tenant_cap)
+        except ERRORS:
+            return False
+        return True
 
     def cancel(self) -> str | None:
         """Cancel a delayed job due in more than a second; its label, or None."""

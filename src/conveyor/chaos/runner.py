@@ -131,7 +131,7 @@ class ChaosRun:
                proxy: ProxyLink | None) -> Producer:
         producer = Producer(tasks, self.profile, random.Random(self.seed), self.stop)
         injector = Injector(server, fleet, random.Random(self.seed + 1), producer.poison,
-                            producer.cancel, self.stop, proxy)
+                            producer.cancel, self.stop, proxy, producer.change_limits)
         threads = [threading.Thread(target=producer.run, name="producer", daemon=True),
                    threading.Thread(target=self._schedule, args=(injector,), name="faults",
                                     daemon=True)]
@@ -180,8 +180,10 @@ class ChaosRun:
         hit (every worker restarting) is tried again, for at most twice the time."""
         p, rng = self.profile, injector.rng
         kinds = injector.available(p.weights)
-        untried = sorted(kinds)
+        untried = sorted(k for k in kinds if k != "limits")
         rng.shuffle(untried)
+        if "limits" in kinds:  # last of the early round: the others keep their seeded order
+            untried.insert(0, "limits")
         retry: list[str] = []
         began = time.monotonic()
         while not self.stop.is_set():
