@@ -242,3 +242,20 @@ def test_held_jobs_are_no_reason_to_scale_out(app: conveyor.Conveyor) -> None:
     registry.register(RedisCollector(app, queues=[Q]))
     text = generate_latest(registry).decode()
     assert f'conveyor_queue_held{{queue="{Q}"}} 28.0' in text
+
+
+def test_mangled_limits_and_counts_never_wedge_the_queue(app: conveyor.Conveyor) -> None:
+    q = app.queue(Q)
+    q.set_limits(concurrency=5, tenant_concurrency=2, rate=100)
+    k = app.keys(Q)
+    app.redis.hset(k.limits, mapping={"concurrency": "lots", "r:a": "\xff"})
+    app.redis.hset(k.counts, "running", "x")
+    app.redis.hset(k.running, "a", "junk")
+    app.redis.hset(k.buckets, "", "not a bucket")
+    enqueue(app, 3, tenant="a")
+    jobs = fetch(app).jobs  # a bad value reads as no limit; bad counts start again from 0
+    assert len(jobs) == 2
+    finish(app, jobs)
+    assert running(app) == (0, {})
+    assert q.limits().concurrency is None and q.limits().tenant_concurrency == 2
+    assert app.monitor.flow(Q).running == 0

@@ -42,14 +42,23 @@ local function bucket_store(buckets, field, tokens, now)
   redis.call('HSET', buckets, field, string.format('%.6f %.3f', tokens, now))
 end
 
+-- A stored count or cap as a whole number, or nil when it is none (mangled data included).
+local function whole(value)
+  local n = tonumber(value)
+  if not n or n ~= n or n == math.huge or n == -math.huge then return nil end
+  return math.floor(n)
+end
+
 -- The queue-wide limits as numbers (nil: not set), or nil when the queue has none.
 local function read_limits(limits)
   local f = redis.call('HMGET', limits, 'concurrency', 'rate', 'tenant_concurrency',
     'tenant_rate')
-  local lim = { concurrency = tonumber(f[1]), rate = tonumber(f[2]),
-    tenant_concurrency = tonumber(f[3]), tenant_rate = tonumber(f[4]) }
-  if lim.rate and lim.rate <= 0 then lim.rate = nil end
-  if lim.tenant_rate and lim.tenant_rate <= 0 then lim.tenant_rate = nil end
+  local lim = { concurrency = whole(f[1]), rate = tonumber(f[2]),
+    tenant_concurrency = whole(f[3]), tenant_rate = tonumber(f[4]) }
+  if lim.rate and not (lim.rate > 0 and lim.rate < math.huge) then lim.rate = nil end
+  if lim.tenant_rate and not (lim.tenant_rate > 0 and lim.tenant_rate < math.huge) then
+    lim.tenant_rate = nil
+  end
   if lim.concurrency or lim.rate or lim.tenant_concurrency or lim.tenant_rate then return lim end
   if redis.call('HLEN', limits) > 0 then return lim end  -- only per-tenant overrides
   return nil
@@ -107,12 +116,20 @@ local function flow_unpark_all(k)
   end
 end
 
+-- HINCRBY that survives a mangled field (not an integer): it starts again from 0 rather
+-- than fail the script after its first writes.
+local function add_count(hash, field, by)
+  local value = redis.call('HGET', hash, field)
+  if value and not string.match(value, '^%-?%d+$') then redis.call('HSET', hash, field, 0) end
+  return redis.call('HINCRBY', hash, field, by)
+end
+
 -- Count runs that began: n runs, by_tenant = { tenant -> runs }.
 local function flow_started(k, n, by_tenant)
   if n <= 0 then return end
-  redis.call('HINCRBY', k.counts, 'running', n)
+  add_count(k.counts, 'running', n)
   for tenant, c in pairs(by_tenant) do
-    if tenant ~= '' then redis.call('HINCRBY', k.running, tenant, c) end
+    if tenant ~= '' then add_count(k.running, tenant, c) end
   end
 end
 
@@ -121,19 +138,19 @@ end
 -- (the queue was at its cap, or a tenant came back) an idle worker is woken.
 local function flow_ended(k, n, by_tenant)
   if n <= 0 then return end
-  local left = redis.call('HINCRBY', k.counts, 'running', -n)
+  local left = add_count(k.counts, 'running', -n)
   if left < 0 then redis.call('HSET', k.counts, 'running', 0) end
   local freed = false
   for tenant, c in pairs(by_tenant) do
     if tenant ~= '' then
-      if redis.call('HINCRBY', k.running, tenant, -c) <= 0 then
+      if add_count(k.running, tenant, -c) <= 0 then
         redis.call('HDEL', k.running, tenant)
       end
       freed = flow_unpark_tenant(k, tenant) or freed
     end
   end
   if not freed then
-    local cap = tonumber(redis.call('HGET', k.limits, 'concurrency'))
+    local cap = whole(redis.call('HGET', k.limits, 'concurrency'))
     freed = cap ~= nil and left + n >= cap
   end
   if freed and (tonumber(redis.call('HGET', k.counts, 'ready')) or 0) > 0 then

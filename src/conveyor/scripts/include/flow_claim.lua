@@ -6,12 +6,12 @@
 local function tenant_room(k, lim, tenant, now, already)
   if tenant == '' then return { room = math.huge } end
   local f = redis.call('HMGET', k.limits, 'c:' .. tenant, 'r:' .. tenant)
-  local cap = tonumber(f[1]) or lim.tenant_concurrency
+  local cap = whole(f[1]) or lim.tenant_concurrency
   local rate = tonumber(f[2]) or lim.tenant_rate
-  if rate and rate <= 0 then rate = nil end
+  if rate and not (rate > 0 and rate < math.huge) then rate = nil end
   local t = { room = math.huge, rate = rate }
   if cap then
-    t.room = cap - (tonumber(redis.call('HGET', k.running, tenant)) or 0) - already
+    t.room = cap - (whole(redis.call('HGET', k.running, tenant)) or 0) - already
   end
   if rate then
     t.tokens = bucket_tokens(redis.call('HGET', k.buckets, 't:' .. tenant), rate, now)
@@ -36,7 +36,7 @@ end
 local function claim_limited(k, lim, now, want, take)
   local room = want
   if lim.concurrency then
-    room = math.min(room, lim.concurrency - (tonumber(redis.call('HGET', k.counts, 'running')) or 0))
+    room = math.min(room, lim.concurrency - (whole(redis.call('HGET', k.counts, 'running')) or 0))
   end
   local qtokens
   if lim.rate then
