@@ -248,7 +248,7 @@ def test_mangled_limits_and_counts_never_wedge_the_queue(app: conveyor.Conveyor)
     q = app.queue(Q)
     q.set_limits(concurrency=5, tenant_concurrency=2, rate=100)
     k = app.keys(Q)
-    app.redis.hset(k.limits, mapping={"concurrency": "lots", "r:a": "\xff"})
+    app.redis.hset(k.limits, mapping={"concurrency": "lots", "r:a": "\xff", "c:b": "inf"})
     app.redis.hset(k.counts, "running", "x")
     app.redis.hset(k.running, "a", "junk")
     app.redis.hset(k.buckets, "", "not a bucket")
@@ -258,4 +258,5 @@ def test_mangled_limits_and_counts_never_wedge_the_queue(app: conveyor.Conveyor)
     finish(app, jobs)
     assert running(app) == (0, {})
     assert q.limits().concurrency is None and q.limits().tenant_concurrency == 2
+    assert q.limits().tenants["b"].concurrency is None
     assert app.monitor.flow(Q).running == 0

@@ -91,7 +91,7 @@ class QueueLimits:
 def _int_or_none(value: str | None) -> int | None:
     try:
         return None if value is None else int(float(value))
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
 
 

@@ -40,7 +40,7 @@ def _text(value: Any) -> str:
 def _int(value: Any) -> int:
     try:
         return max(0, int(float(value or 0)))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return 0
 
 
