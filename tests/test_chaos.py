@@ -142,3 +142,9 @@ def test_checker_fails_on_a_workflow_job_started_before_its_parent() -> None:
     assert failed(check(ev)[0]) == set()
     ev.edges = [("work:2", "work:1")]  # work:1 started before work:2 completed a run
     assert failed(check(ev)[0]) == {"workflow jobs start only after their parents completed"}
+
+
+def test_checker_fails_on_a_leaked_running_count() -> None:
+    ev = healthy()
+    ev.counters = dataclasses.replace(ev.counters, running=1, running_tenants={"t1": 1})
+    assert failed(check(ev)[0]) == {"limits' running counts equal the leases"}

@@ -309,3 +309,34 @@ def test_running_jobs_on_the_cluster_cancel_progress_steps_snooze(
         stepped = stepper.enqueue()
         assert stepped.result(timeout=15) == 42
     assert snoozed == [1] and stepped.info().attempts == 1
+
+
+def test_limits_hold_on_every_node(capp: conveyor.Conveyor, cluster: RedisCluster) -> None:
+    """Each queue's limits live in its slot: caps hold per queue wherever it is."""
+    queues = spread_queues(capp, cluster)
+    peak: dict[str, int] = dict.fromkeys(queues, 0)
+    now: dict[str, int] = dict.fromkeys(queues, 0)
+    lock = threading.Lock()
+
+    def make(queue: str) -> conveyor.Task:
+        async def hold(i: int) -> int:
+            with lock:
+                now[queue] += 1
+                peak[queue] = max(peak[queue], now[queue])
+            await asyncio.sleep(0.05)
+            with lock:
+                now[queue] -= 1
+            return i
+        return capp.task(name=f"hold.{queue}", queue=queue)(hold)
+
+    tasks = [make(q) for q in queues]
+    for q in queues:
+        capp.queue(q).set_limits(concurrency=2, tenant_concurrency=1)
+    jobs = [j for t in tasks for j in t.options(tenant="a").enqueue_many(range(6))]
+    jobs += [j for t in tasks for j in t.options(tenant="b").enqueue_many(range(6))]
+    with running_worker(capp, queues=queues, concurrency=16):
+        for job in jobs:
+            job.result(timeout=30)
+    assert all(p == 2 for p in peak.values()), peak
+    assert all(capp.monitor.flow(q).running == 0 for q in queues)
+    assert capp.monitor.stats(queue=queues[0]).backlog.held == 0

@@ -16,11 +16,18 @@ Workflows join in: small DAGs stored by ``workflow_enqueue``, their hand-overs d
 model says which nodes wait, are released or cancelled, and what the hand-over outbox
 holds.
 
+Flow control is part of it: a step sets or clears a queue cap and rate and a per-tenant
+cap and rate, each fetch must lease exactly what the limits allow (no fewer: a tenant at
+its limit never holds back another), the model keeps its own token buckets, and the
+running counts (the queue's and each tenant's) always equal the jobs held, under every
+interleaving of ends, releases, expiries and limit changes.
+
 ``CONVEYOR_MODEL_EXAMPLES`` raises the number of examples (default 75, for CI).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import uuid
 from collections.abc import Iterator
@@ -49,6 +56,7 @@ class Model:
     task: str
     priority: int
     max_attempts: int
+    tenant: str = ""
     attempts: int = 0
     due: float = 0.0  # ms, while scheduled or retrying
     lease: float = 0.0  # ms, while active
@@ -94,6 +102,11 @@ class QueueMachine(RuleBasedStateMachine):
         self.keys: dict[str, str] = {}  # dedupe key -> the job holding it
         self.paused = False
         self.serial = 0
+        self.cap: int | None = None  # the queue's concurrency cap
+        self.tenant_cap: int | None = None  # every tenant's
+        self.rate: float | None = None  # the queue's rate (jobs/s)
+        self.tenant_rate: float | None = None  # every tenant's
+        self.buckets: dict[str, tuple[float, float]] = {}  # '' queue, tenant -> (tokens, ms)
         self.pending: list[str] = []  # workflow nodes that ended, not yet handed over
 
     def teardown(self) -> None:
@@ -104,9 +117,14 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- steps -----------------------------------------------------------------------------
 
-    @initialize()
-    def start(self) -> None:
+    @initialize(cap=st.sampled_from([None, 1, 2, 4]), tenant_cap=st.sampled_from([None, 1, 2]),
+                rate=st.sampled_from([None, 1, 3]), tenant_rate=st.sampled_from([None, 2]))
+    def start(self, cap: int | None, tenant_cap: int | None, rate: int | None,
+              tenant_rate: int | None) -> None:
         self.app.redis.sadd(f"{self.app.namespace}:queues", "q")
+        # Most runs start under some limits (a step may change or remove them later).
+        self.set_limits(cap, tenant_cap, rate, tenant_rate)
+
 
     @rule(task=st.sampled_from(TASKS), priority=st.integers(0, 9),
           tenant=st.sampled_from(["", "t1", "t2"]), delay=st.sampled_from([0, 0, 500, 3000]),
@@ -130,7 +148,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert stored == [(short_id, True) for short_id, _ in batch]
         for short_id, _ in batch:
             self.jobs[short_id] = Model("scheduled" if delay else "ready", task, priority,
-                                        attempts, due=self.now + delay, key=key)
+                                        attempts, tenant, due=self.now + delay, key=key)
         if key:
             self.keys[key] = batch[0][0]
 
@@ -138,22 +156,91 @@ class QueueMachine(RuleBasedStateMachine):
     def advance_time(self, ms: int) -> None:
         self.now += ms
 
+    @rule(cap=st.sampled_from([None, None, 1, 2, 4]),
+          tenant_cap=st.sampled_from([None, None, 1, 2]),
+          rate=st.sampled_from([None, None, 1, 3]), tenant_rate=st.sampled_from([None, None, 2]))
+    def set_limits(self, cap: int | None, tenant_cap: int | None, rate: int | None,
+                   tenant_rate: int | None) -> None:
+        changes = [(name, "" if value is None else str(value)) for name, value in
+                   (("concurrency", cap), ("tenant_concurrency", tenant_cap), ("rate", rate),
+                    ("tenant_rate", tenant_rate))]
+        self.run(calls.set_limits(self.k, changes))
+        self.cap, self.tenant_cap = cap, tenant_cap
+        self.rate = None if rate is None else float(rate)
+        self.tenant_rate = None if tenant_rate is None else float(tenant_rate)
+        if (cap, tenant_cap, rate, tenant_rate) == (None, None, None, None):
+            self.buckets.clear()  # no limit left: the buckets go too
+
+    def _tokens(self, bucket: str, rate: float) -> float:
+        """As flow.lua's bucket_tokens: an absent bucket is full (one second's worth)."""
+        size = max(rate, 1.0)
+        if bucket not in self.buckets:
+            return size
+        tokens, at = self.buckets[bucket]
+        return min(size, tokens + max(0.0, self.now - at) * rate / 1000)
+
+    def _allowance(self, tenant: str) -> float:
+        """Jobs ``tenant`` may still start under its cap and rate (no tenant: no limit)."""
+        if not tenant:
+            return math.inf
+        room = math.inf
+        if self.tenant_cap is not None:
+            running = sum(1 for j in self.jobs.values()
+                          if j.state == "active" and j.tenant == tenant)
+            room = max(0, self.tenant_cap - running)
+        if self.tenant_rate is not None:
+            room = min(room, math.floor(self._tokens(tenant, self.tenant_rate) + 1e-9))
+        return room
+
+    def _consume(self, leased: list[str]) -> None:
+        """Take the tokens the leases used, as the claim stores them."""
+        if self.rate is not None and leased:
+            left = self._tokens("", self.rate) - len(leased)
+            self.buckets[""] = (float(f"{left:.6f}"), float(f"{self.now:.3f}"))
+        if self.tenant_rate is None:
+            return
+        per: dict[str, int] = {}
+        for short_id in leased:
+            if self.jobs[short_id].tenant:
+                per[self.jobs[short_id].tenant] = per.get(self.jobs[short_id].tenant, 0) + 1
+        for tenant, n in per.items():
+            left = self._tokens(tenant, self.tenant_rate) - n
+            self.buckets[tenant] = (float(f"{left:.6f}"), float(f"{self.now:.3f}"))
+
+    def _expected_leases(self, count: int, ready: set[str]) -> int:
+        room: float = count
+        if self.cap is not None:
+            active = sum(1 for j in self.jobs.values() if j.state == "active")
+            room = min(room, max(0, self.cap - active))
+        if self.rate is not None:
+            room = min(room, math.floor(self._tokens("", self.rate) + 1e-9))
+        by_tenant: dict[str, int] = {}
+        for short_id in ready:
+            by_tenant[self.jobs[short_id].tenant] = by_tenant.get(self.jobs[short_id].tenant, 0) + 1
+        eligible = sum(min(n, self._allowance(t)) for t, n in by_tenant.items())
+        return int(min(room, eligible))
+
     @rule(count=st.integers(1, 4))
     def fetch(self, count: int) -> None:
         self._reclaim_and_promote()
         ready = {i for i, j in self.jobs.items() if j.state == "ready"}
+        expected = self._expected_leases(count, ready)
         fetched = self.run(calls.fetch(self.k, count, self.limits, now=self.now))
         assert isinstance(fetched, calls.Fetched)
         leased = [job.short_id for job in fetched.jobs]
         if self.paused:
             assert leased == [], "a paused queue handed out a job"
             return
-        assert len(leased) == min(count, len(ready)), (leased, ready)
+        assert len(leased) == expected, (leased, ready, self.cap, self.tenant_cap)
         assert set(leased) <= ready
-        rest = ready - set(leased)
-        if leased and rest:  # higher priorities first
+        # Higher priorities first, among the jobs a cap did not hold back.
+        rest = {i for i in ready - set(leased)
+                if self._allowance(self.jobs[i].tenant) - sum(
+                    1 for j in leased if self.jobs[j].tenant == self.jobs[i].tenant) > 0}
+        if leased and rest:
             assert min(self.jobs[i].priority for i in leased) >= max(
                 self.jobs[i].priority for i in rest)
+        self._consume(leased)
         for job in fetched.jobs:
             model = self.jobs[job.short_id]
             assert job.token not in model.tokens, "a fencing token was handed out twice"
@@ -420,6 +507,16 @@ class QueueMachine(RuleBasedStateMachine):
         for task in TASKS:
             running = sum(1 for j in self.jobs.values() if j.state == "active" and j.task == task)
             assert active.get(task, 0) == running, (task, active)
+        # The limits' running counts equal the jobs held, the queue's and each tenant's.
+        held = by_state.get("active", set())
+        assert int(redis.hget(self.k.counts, "running") or 0) == len(held)
+        per_tenant: dict[str, int] = {}
+        for short_id in held:
+            if self.jobs[short_id].tenant:
+                per_tenant[self.jobs[short_id].tenant] = per_tenant.get(
+                    self.jobs[short_id].tenant, 0) + 1
+        stored = {k.decode(): int(v) for k, v in redis.hgetall(self.k.running).items()}
+        assert stored == per_tenant
 
 
 QueueMachine.TestCase.settings = settings(

@@ -277,3 +277,21 @@ def test_running_job_progress_moves_live_and_cancel_stops_it(app: conveyor.Conve
         wait_until(lambda: job.info().state == conveyor.JobState.CANCELLED, 5,
                    message="cancelled from the dashboard")
         assert page.dialogs and "Its run is stopped" in page.dialogs[-1]
+
+
+def test_an_operator_changes_a_queues_limits(app: conveyor.Conveyor, served: str,
+                                           page: Any) -> None:
+    q = app.queue("mail")
+    q.set_limits(concurrency=3)
+    page.goto(served + "/queues/mail")
+    panel = page.locator("#flow")
+    assert panel.locator('input[name="concurrency"]').first.input_value() == "3"
+    panel.locator('input[name="concurrency"]').first.fill("12")
+    panel.locator('input[name="rate"]').first.fill("200/s")
+    panel.locator('button[data-action="limits"]').click()
+    page.locator(".notice.ok").wait_for()
+    assert "Limits changed" in page.locator(".notice.ok").inner_text()
+    assert page.dialogs and "Change the limits of queue mail" in page.dialogs[-1]
+    lim = q.limits()
+    assert (lim.concurrency, lim.rate) == (12, 200.0)
+    assert page.locator("#flow").locator('input[name="concurrency"]').first.input_value() == "12"

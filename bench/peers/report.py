@@ -183,7 +183,15 @@ def write_markdown(
     ]
     lines += ["", "## Why figures are missing", "", *(missing or ["- none"])]
     lines += ["", METHOD_NOTES]
-    path.write_text("\n".join(lines) + "\n")
+    text = "\n".join(lines) + "\n"
+    # Sections other benchmarks keep in the same file (below the mark) survive.
+    old = path.read_text() if path.exists() else ""
+    if KEPT_MARK in old:
+        text += "\n" + KEPT_MARK + old.partition(KEPT_MARK)[2]
+    path.write_text(text)
+
+
+KEPT_MARK = "<!-- kept: the sections below survive a regeneration by bench.peers -->"
 
 
 METHOD_NOTES = """## Method

@@ -27,6 +27,7 @@ from .errors import (
     SerializationError,
     Snooze,
 )
+from .flow import Queue, QueueLimits, TenantLimits
 from .job import Job, JobInfo, JobState
 from .monitor import Advice, Backlog, Monitor, Stats, TaskActivity, Timing
 from .scripts.calls import Limits
@@ -60,12 +61,15 @@ __all__ = [
     "NotReplicated",
     "PartialEnqueue",
     "PayloadTooLarge",
+    "Queue",
+    "QueueLimits",
     "ResultTimeout",
     "SerializationError",
     "Snooze",
     "Stats",
     "Task",
     "TaskActivity",
+    "TenantLimits",
     "Timing",
     "Worker",
     "Workflow",

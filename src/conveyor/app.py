@@ -25,6 +25,7 @@ from .workflow import batch as _batch
 if TYPE_CHECKING:
     from .alerts import Webhook
     from .deadletters import DeadLetters
+    from .flow import Queue
     from .monitor import Monitor
     from .schedule import Periodic
     from .testing import InlineRunner
@@ -236,6 +237,15 @@ class Conveyor:
     def queues(self) -> list[str]:
         """Every queue the app's tasks and periodic jobs name, sorted."""
         return sorted({t.queue for t in self.tasks.values()})
+
+    def queue(self, name: str) -> Queue:
+        """A handle on queue ``name``: its flow-control limits and pause switch (no I/O)."""
+        from .flow import Queue
+
+        if not isinstance(name, str) or not name or keyspace.JOB_ID_SEPARATOR in name:
+            raise ConfigurationError(f"queue name must be a non-empty string without"
+                                     f" {keyspace.JOB_ID_SEPARATOR!r}, got {name!r}")
+        return Queue(self, name)
 
     def pause(self, queue: str) -> None:
         """Stop handing out jobs of ``queue``; it keeps accepting new ones."""

@@ -31,7 +31,7 @@ class QueueKeys:
     leases: str  # zset short id -> lease deadline (ms)
     dead: str  # zset short id -> time it died (ms)
     wake: str  # list holding at most one marker: "there may be work"
-    counts: str  # hash: ready (jobs waiting in ready lists)
+    counts: str  # hash: ready (jobs waiting in ready lists), running (jobs leased now)
     active: str  # hash task -> jobs leased now
     idle: str  # hash task -> when a job of that task last finished (epoch s)
     seq: str  # counter for fencing tokens
@@ -44,6 +44,11 @@ class QueueKeys:
     handover: str  # list of short ids of workflow nodes that ended, children not yet told
     workflow_prefix: str  # + workflow short id -> hash: the workflow's nodes (home queue)
     waiting_prefix: str  # + node short id -> hash parent id -> '' (succeeded) | reason
+    throttle_prefix: str  # + user key -> short id of the job holding a throttle window
+    limits: str  # hash: flow-control limits (queue and per-tenant fields, see flow.lua)
+    buckets: str  # hash: token-bucket state, '' the queue's, 't:' + tenant a tenant's
+    running: str  # hash tenant -> jobs of that tenant leased now (the queue's in counts)
+    parked: str  # zset '<priority>:<tenant>' -> when to look at it again (ms)
 
     def job(self, short_id: str) -> str:
         return self.job_prefix + short_id
@@ -92,6 +97,11 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
         handover=f"{tag}:wf:handover",
         workflow_prefix=f"{tag}:wf:",
         waiting_prefix=f"{tag}:wf:wait:",
+        throttle_prefix=f"{tag}:throttle:",
+        limits=f"{tag}:limits",
+        buckets=f"{tag}:buckets",
+        running=f"{tag}:running",
+        parked=f"{tag}:parked",
     )
 
 

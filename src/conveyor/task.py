@@ -41,6 +41,12 @@ class JobOptions:
     :param key: dedupe key: while a job with this key is unfinished, enqueue returns it
     :param durable: return only once a replica has the job (``WAIT``); see
         :attr:`Conveyor.durable_replicas` and :class:`~conveyor.errors.NotReplicated`
+    :param debounce: with ``key``: run once, this many seconds after the latest enqueue
+        with the key, with the latest arguments (each enqueue returns the same job)
+    :param debounce_max: with ``debounce``: but no later than this many seconds after the
+        first enqueue
+    :param throttle: with ``key``: the key stays taken this many seconds from the first
+        enqueue, even after that job finished; enqueues in the window return that job
     """
 
     delay: float | None = None
@@ -49,6 +55,9 @@ class JobOptions:
     tenant: str | None = None
     key: str | None = None
     durable: bool = False
+    debounce: float | None = None
+    debounce_max: float | None = None
+    throttle: float | None = None
 
     def __post_init__(self) -> None:
         if self.delay is not None and self.at is not None:
@@ -60,13 +69,32 @@ class JobOptions:
             raise ConfigurationError(f"tenant must be a string, got {type(self.tenant).__name__}")
         if self.key is not None and (not isinstance(self.key, str) or not self.key):
             raise ConfigurationError("key must be a non-empty string")
+        self._check_keyed()
+
+    def _check_keyed(self) -> None:
+        for name in ("debounce", "debounce_max", "throttle"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not value > 0):
+                raise ConfigurationError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if (self.debounce is not None or self.throttle is not None) and self.key is None:
+            raise ConfigurationError("debounce= and throttle= need key= (what to debounce by)")
+        if self.debounce_max is not None and self.debounce is None:
+            raise ConfigurationError("debounce_max= needs debounce=")
+        if self.debounce is not None and self.throttle is not None:
+            raise ConfigurationError("give either debounce= or throttle=, not both")
+        if self.debounce is not None and (self.delay is not None or self.at is not None):
+            raise ConfigurationError("debounce= sets when the job runs: leave out delay= and at=")
+        if self.debounce_max is not None and self.debounce is not None \
+                and self.debounce_max < self.debounce:
+            raise ConfigurationError("debounce_max must be at least debounce")
 
     def merged(self, changes: Mapping[str, Any]) -> JobOptions:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ConfigurationError(
                 f"unknown job option(s) {', '.join(sorted(unknown))}: expected delay, at,"
-                " priority, tenant, key or durable"
+                " priority, tenant, key, durable, debounce, debounce_max or throttle"
             )
         values = dict(changes)
         if "delay" in values:
@@ -177,7 +205,7 @@ class Task(Generic[P, R]):
         """A copy of this task whose jobs are enqueued with other options.
 
         :param changes: any of ``delay``, ``at``, ``priority``, ``tenant``, ``key``,
-            ``durable``
+            ``durable``, ``debounce``, ``debounce_max``, ``throttle``
         """
         copy = object.__new__(type(self))
         copy.__dict__.update(self.__dict__)
@@ -204,6 +232,9 @@ class Task(Generic[P, R]):
             max_attempts=self.max_attempts,
             key=o.key or "",
             visibility_ms=max(1, int(self.visibility_timeout * 1000)),
+            debounce_ms=None if o.debounce is None else o.debounce * 1000,
+            debounce_max_ms=None if o.debounce_max is None else o.debounce_max * 1000,
+            throttle_ms=None if o.throttle is None else o.throttle * 1000,
         )
 
     def _new_job(self, args: Sequence[Any], kwargs: dict[str, Any],

@@ -41,6 +41,7 @@ FAULT_KINDS = {
     "poison-exit": "a job whose task leaves its process with os._exit",
     "poison-hang": "a job whose sync task sleeps far past its timeout",
     "cancel": "cancel of a delayed job before it is due, and of a work job while it runs",
+    "limits": "the queue's cap and tenant cap changed at runtime (or removed)",
 }
 MIN_VICTIM_AGE = 1.5  # seconds: a worker still importing is not worth killing
 
@@ -65,6 +66,9 @@ class JobsRedis(Protocol):
     def crash(self, hold: Callable[[], float]) -> str: ...
 
     def failover(self) -> str | None: ...
+
+
+LimitsHook = Callable[[int | None, int | None], bool]  # (cap, tenant cap) -> applied
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +98,14 @@ class Injector:
     :param cancel_running: cancels one running job; its label, or None if none was found
     :param stop: set when the run is aborted (episodes end early)
     :param proxy: the proxy between one slot and Redis, when the run has one
+    :param limits: changes the queue's limits (cap, tenant cap); None: no such faults
     """
 
     def __init__(self, target: JobsRedis, fleet: Fleet, rng: random.Random,
                  poison: PoisonHook, cancel: Callable[[], str | None], stop: threading.Event,
                  proxy: Any = None,
-                 cancel_running: Callable[[], str | None] = lambda: None) -> None:
+                 cancel_running: Callable[[], str | None] = lambda: None,
+                 limits: LimitsHook | None = None) -> None:
         self.target = target
         self.fleet = fleet
         self.rng = rng
@@ -108,6 +114,7 @@ class Injector:
         self.cancel_running_hook = cancel_running
         self.stop = stop
         self.proxy = proxy
+        self.limits_hook = limits
         self.began = time.monotonic()
         self.redis_lock = threading.Lock()  # held while Redis is down (the run waits on it)
 
@@ -116,7 +123,8 @@ class Injector:
         a Sentinel set)."""
         return {k: w for k, w in kinds.items()
                 if w > 0 and (self.proxy is not None or not k.startswith("proxy-"))
-                and (k != "failover" or self.target.fails_over)}
+                and (k != "failover" or self.target.fails_over)
+                and (self.limits_hook is not None or k != "limits")}
 
     def inject(self, kind: str) -> Fault | None:
         """Run one episode of ``kind``; None when there was nothing to hit."""
@@ -230,6 +238,15 @@ class Injector:
 
     def _poison_hang(self) -> tuple[str, int] | None:
         return self._poison("hang", 0)
+
+    def _limits(self) -> tuple[str, int] | None:
+        if self.limits_hook is None:
+            return None
+        cap = self.rng.choice([None, 8, 10, 16])
+        tenant_cap = self.rng.choice([None, 2, 4, 6])
+        if not self.limits_hook(cap, tenant_cap):
+            return None
+        return f"concurrency {cap}, tenant concurrency {tenant_cap}", 0
 
     def _cancel(self) -> tuple[str, int] | None:
         labels = [label for label in (self.cancel_hook(), self.cancel_running_hook()) if label]

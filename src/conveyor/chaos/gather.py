@@ -99,11 +99,18 @@ def counters(client: Any, keys: QueueKeys, dead_records: int) -> Counters:
     listed = sum(int(client.llen(name)) for name in ready_lists)
     active = {(_text(k) or ""): int(v) for k, v in client.hgetall(keys.active).items()}
     leased: Counter[str] = Counter()
+    tenants: Counter[str] = Counter()
     for short in client.zrange(keys.leases, 0, -1):
-        leased[_text(client.hget(keys.job(_text(short) or ""), "task")) or "?"] += 1
+        task, tenant = client.hmget(keys.job(_text(short) or ""), "task", "tenant")
+        leased[_text(task) or "?"] += 1
+        if tenant:
+            tenants[_text(tenant) or ""] += 1
+    running = {(_text(k) or ""): int(v) for k, v in client.hgetall(keys.running).items()}
     return Counters(ready_counter=int(client.hget(keys.counts, "ready") or 0),
                     ready_listed=listed, active=active, leased=dict(leased),
-                    dead_letters=int(client.zcard(keys.dead)), dead_records=dead_records)
+                    dead_letters=int(client.zcard(keys.dead)), dead_records=dead_records,
+                    running=int(client.hget(keys.counts, "running") or 0),
+                    running_tenants=running, leased_tenants=dict(tenants))
 
 
 def ledger_entries(ledger: redis.Redis) -> list[LedgerEntry]:

@@ -10,7 +10,8 @@ The promises (DESIGN §5):
 * at most one success is recorded per job, and each success had a run that completed;
 * every run had a lease of its own (runs <= attempts), no job ran twice at once in one
   process, and the leases lost stay within what the faults could cost;
-* the counters (ready, active per task, dead letters) equal what the records say;
+* the counters (ready, active per task, dead letters, the limits' running counts) equal
+  what the records say;
 * a workflow's job never starts before each of its parents completed a run.
 """
 
@@ -61,6 +62,9 @@ class Counters:
     leased: dict[str, int]  # leases whose record names the task, per task
     dead_letters: int  # members of the dead-letter set
     dead_records: int  # records in state dead
+    running: int = 0  # counts.running: the queue's running count for its limits
+    running_tenants: dict[str, int] = field(default_factory=dict)  # running hash
+    leased_tenants: dict[str, int] = field(default_factory=dict)  # leases per tenant
 
 
 @dataclass(slots=True)
@@ -183,8 +187,13 @@ def _counters(c: Counters) -> list[Check]:
         f"counts.ready {c.ready_counter}, listed {c.ready_listed}"]
     dead = [] if c.dead_letters == c.dead_records else [
         f"dead letters {c.dead_letters}, dead records {c.dead_records}"]
+    leases = sum(c.leased.values())
+    running = [] if c.running == leases and c.running_tenants == c.leased_tenants else [
+        f"running {c.running} for {leases} leases; per tenant {c.running_tenants} for"
+        f" {c.leased_tenants}"]
     return [
         _verdict("ready counter equals the ready lists", ready, f"{c.ready_counter}"),
+        _verdict("limits' running counts equal the leases", running, f"{c.running} running"),
         _verdict("active counters equal the leases, per task", active,
                  f"{sum(c.active.values())} active"),
         _verdict("dead-letter set equals the dead records", dead, f"{c.dead_letters}"),

@@ -10,12 +10,13 @@ import math
 import random
 import threading
 import time
+from typing import Any
 
 import redis
 
 from ..job import Job
 from .profiles import Profile
-from .tasks import ChaosTasks
+from .tasks import QUEUE, ChaosTasks
 
 __all__ = ["Producer"]
 
@@ -76,17 +77,20 @@ class Producer:
                 later.append((*item, round(rng.uniform(0.5, p.max_delay), 1)))
             else:
                 now.append(item)
+        work = self.tasks.work
+        if p.tenants:  # a tenant per batch: the limits of the run apply per tenant too
+            work = work.options(tenant=f"t{rng.randrange(p.tenants)}")
         self._batches += 1
         try:
             if len(now) >= 3 and self._batches % WORKFLOW_EVERY == 0:
-                self._workflow(now)
+                self._workflow(now, work)
             elif now:
-                jobs = self.tasks.work.enqueue_many(now)
+                jobs = work.enqueue_many(now)
                 for (label, _), job in zip(now, jobs, strict=True):
                     self._keep("work", label, job)
                 self.enqueued += len(now)
             for label, seconds, delay in later:
-                job = self.tasks.work.options(delay=delay).enqueue(label, seconds)
+                job = work.options(delay=delay).enqueue(label, seconds)
                 self._keep("work", label, job)
                 with self.lock:
                     self.delayed.append((time.monotonic() + delay, label, job))
@@ -94,14 +98,13 @@ class Producer:
         except ERRORS:
             self.failed_calls += 1  # the faults at work: the next tick tries new jobs
 
-    def _workflow(self, items: list[tuple[str, float]]) -> None:
+    def _workflow(self, items: list[tuple[str, float]], work: Any) -> None:
         """Enqueue ``items`` as one workflow: the first, then the middle ones after it,
         then the last after all of those (raises like an enqueue)."""
         wf = self.tasks.app.workflow()
-        first = wf.add(self.tasks.work, *items[0], name=items[0][0])
-        middle = [wf.add(self.tasks.work, *item, name=item[0], after=[first])
-                  for item in items[1:-1]]
-        wf.add(self.tasks.work, *items[-1], name=items[-1][0], after=middle)
+        first = wf.add(work, *items[0], name=items[0][0])
+        middle = [wf.add(work, *item, name=item[0], after=[first]) for item in items[1:-1]]
+        wf.add(work, *items[-1], name=items[-1][0], after=middle)
         wf.enqueue()
         with self.lock:
             for node in wf.nodes:
@@ -122,6 +125,14 @@ class Producer:
             return None
         self._keep(kind, label, job)
         return label
+
+    def change_limits(self, cap: int | None, tenant_cap: int | None) -> bool:
+        """Set the queue's cap and every tenant's (None: no limit); False if Redis refused."""
+        try:
+            self.tasks.app.queue(QUEUE).set_limits(concurrency=cap, tenant_concurrency=tenant_cap)
+        except ERRORS:
+            return False
+        return True
 
     def cancel(self) -> str | None:
         """Cancel a delayed job due in more than a second; its label, or None."""

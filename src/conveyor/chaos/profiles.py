@@ -35,6 +35,9 @@ class Profile:
     :param max_delay: longest delay (s)
     :param weights: fault kind -> relative frequency (each kind also comes once early)
     :param topology: ``plain`` (one server) or ``sentinel`` (primary, replica, sentinels)
+    :param tenants: tenants the work jobs are spread over (one per enqueue batch)
+    :param queue_cap: the queue's concurrency limit during the run (None: none)
+    :param tenant_cap: every tenant's concurrency limit during the run (None: none)
     """
 
     name: str
@@ -51,6 +54,9 @@ class Profile:
     max_delay: float
     weights: dict[str, float]
     topology: str = "plain"
+    tenants: int = 4
+    queue_cap: int | None = 10
+    tenant_cap: int | None = 4
 
     def replace(self, **changes: object) -> Profile:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -59,7 +65,7 @@ class Profile:
 WEIGHTS = {
     "worker-kill": 3.0, "worker-pause": 2.0, "redis-kill": 2.0, "client-kill": 2.0,
     "oom": 2.0, "proxy-blackhole": 1.5, "proxy-reset": 1.5, "poison-raise": 0.7,
-    "poison-kill": 0.5, "poison-exit": 0.5, "poison-hang": 0.5, "cancel": 1.0,
+    "poison-kill": 0.5, "poison-exit": 0.5, "poison-hang": 0.5, "cancel": 1.0, "limits": 1.0,
     "failover": 3.0,  # a Sentinel set only
 }
 

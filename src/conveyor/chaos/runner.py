@@ -86,6 +86,8 @@ class ChaosRun:
             proxy = self._proxy(target)
             tasks = ChaosTasks(f"{target.url}?client_name={CLIENT_NAME}",
                                f"chaos-{self.seed}", ledger.url)
+            tasks.app.queue(QUEUE).set_limits(concurrency=self.profile.queue_cap,
+                                              tenant_concurrency=self.profile.tenant_cap)
             fleet = self._fleet(target.url, ledger, proxy)
             began = time.monotonic()
             producer = self._drive(target, fleet, tasks, proxy)
@@ -152,7 +154,8 @@ class ChaosRun:
         producer = Producer(tasks, self.profile, random.Random(self.seed), self.stop)
         injector = Injector(target, fleet, random.Random(self.seed + 1), producer.poison,
                             producer.cancel, self.stop, proxy,
-                            cancel_running=producer.cancel_running)
+                            cancel_running=producer.cancel_running,
+                            limits=producer.change_limits)
         threads = [threading.Thread(target=producer.run, name="producer", daemon=True),
                    threading.Thread(target=self._schedule, args=(injector,), name="faults",
                                     daemon=True)]
@@ -201,8 +204,10 @@ class ChaosRun:
         hit (every worker restarting) is tried again, for at most twice the time."""
         p, rng = self.profile, injector.rng
         kinds = injector.available(p.weights)
-        untried = sorted(kinds)
+        untried = sorted(k for k in kinds if k != "limits")
         rng.shuffle(untried)
+        if "limits" in kinds:  # last of the early round: the others keep their seeded order
+            untried.insert(0, "limits")
         retry: list[str] = []
         began = time.monotonic()
         while not self.stop.is_set():

@@ -54,10 +54,11 @@ def stats_table(rows: list[Stats], title: str) -> Table:
 
 
 def backlog_table(app: Conveyor, queues: list[str]) -> Table:
-    table = Table("queue", "ready", "scheduled", "active", "dead", title="backlog")
+    table = Table("queue", "ready", "held", "scheduled", "active", "dead", title="backlog")
     for queue in queues:
         b = app.monitor.backlog(queue)
-        table.add_row(queue, str(b.ready), str(b.scheduled), str(b.active), str(b.dead))
+        table.add_row(queue, str(b.ready), str(b.held), str(b.scheduled), str(b.active),
+                      str(b.dead))
     return table
 
 
@@ -78,6 +79,25 @@ def stats(app: Conveyor, queue: str | None, task: str | None, window: float,
     console.print(stats_table([*rows, total], f"last {duration(window)}"))
     queues = [queue] if queue else app.known_queues()
     console.print(backlog_table(app, queues))
+    held = held_table(app, queues)
+    if held.row_count:
+        console.print(held)
+
+
+def held_table(app: Conveyor, queues: list[str], most: int = 20) -> Table:
+    """Ready jobs that limits hold back, per queue and tenant (largest first)."""
+    table = Table("queue", "tenant", "held", "running", title="held by limits")
+    for queue in queues:
+        if not app.redis.exists(app.keys(queue).limits, app.keys(queue).paused):
+            continue
+        flow = app.monitor.flow(queue)
+        if flow.blocked_by:
+            table.add_row(queue, f"(all: the queue's {flow.blocked_by})", str(flow.held),
+                          str(flow.running))
+        rows = sorted(flow.held_by_tenant.items(), key=lambda i: -i[1])[:most]
+        for tenant, n in rows:
+            table.add_row(queue, tenant, str(n), str(flow.running_by_tenant.get(tenant, 0)))
+    return table
 
 
 def top_view(app: Conveyor, window: float) -> Group:

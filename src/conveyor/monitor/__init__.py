@@ -18,6 +18,7 @@ from .. import untrusted
 from ..worker import registry
 from ..worker.registry import WorkerInfo
 from .advice import Advice, decide
+from .flow import FlowState, read_flow
 from .stats import (
     Backlog,
     Stats,
@@ -97,6 +98,11 @@ class Monitor:
     def backlog(self, queue: str) -> Backlog:
         """Jobs of ``queue`` ready, scheduled (delayed or awaiting retry), active and dead."""
         return read_backlog(self.app.redis, self.app.keys(queue))
+
+    def flow(self, queue: str) -> FlowState:
+        """``queue``'s limits, running counts and the ready jobs its limits hold back now,
+        per tenant too."""
+        return read_flow(self.app.redis, self.app.keys(queue))
 
     def _stat_queues(self, task: str | None, queue: str | None) -> list[str]:
         if queue is not None:
@@ -197,4 +203,4 @@ class Monitor:
             run_time = self.stats(queue=queue, window=longer).run.mean
         live = self.workers()
         return decide(queue, stats, run_time, registry.serving(live, queue), bool(live),
-                      target_wait, deadline)
+                      target_wait, deadline, flow=self.flow(queue))

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..worker.registry import WorkerInfo
+from .flow import FlowState
 from .stats import Backlog, Stats
 
 ASSUMED_CONCURRENCY = 32  # a worker's default concurrency, used when none is registered
@@ -69,19 +70,37 @@ class _Inputs:
     registry_present: bool
     target_wait: float
     deadline: float | None
+    flow: FlowState | None = None
 
 
 def decide(queue: str, stats: Stats, run_time: float | None, workers: list[WorkerInfo],
-           registry_present: bool, target_wait: float, deadline: float | None) -> Advice:
+           registry_present: bool, target_wait: float, deadline: float | None,
+           flow: FlowState | None = None) -> Advice:
     """Build the advice from measurements (pure: no Redis; tested on its own).
 
     :param stats: the queue's stats over the advice window
     :param run_time: mean run time (s), possibly from a longer window than ``stats``
     :param workers: live workers serving the queue
     :param registry_present: whether any worker is registered at all
+    :param flow: the queue's limits and held jobs: no advice asks for slots they would
+        leave idle
     """
     return _Decision(_Inputs(queue, stats, run_time, workers, registry_present,
-                             max(target_wait, 1e-3), deadline)).advice()
+                             max(target_wait, 1e-3), deadline, flow)).advice()
+
+
+def limit_ceiling(flow: FlowState | None, run_time: float) -> tuple[float, str] | None:
+    """Most slots the queue's own limits can keep busy, and the limit that sets it (None:
+    no queue-wide limit). A rate of R jobs/s keeps R x run time slots busy."""
+    if flow is None:
+        return None
+    lim = flow.limits
+    options: list[tuple[float, str]] = []
+    if lim.concurrency is not None:
+        options.append((float(lim.concurrency), f"its concurrency cap of {lim.concurrency}"))
+    if lim.rate is not None:
+        options.append((lim.rate * run_time, f"its rate of {lim.rate:g}/s"))
+    return min(options) if options else None
 
 
 class _Decision:
@@ -116,9 +135,20 @@ class _Decision:
                                 "unknown; keep at least one worker until one does.")
             return self._make(max(1, self.n_workers), None, None)
         capacity = self.slots / max(s, 1e-6)
+        ceiling = limit_ceiling(g.flow, s)
+        if ceiling is not None:
+            capacity = min(capacity, ceiling[0] / max(s, 1e-6))
         self._describe_load(s, capacity)
-        slots_needed = self.arrival * s / TARGET_UTILIZATION + backlog.ready * s / g.target_wait
+        startable = max(0, backlog.ready - backlog.held)  # held jobs wait for a limit, not us
+        slots_needed = self.arrival * s / TARGET_UTILIZATION + startable * s / g.target_wait
         slots_needed = max(slots_needed, self._deadline_slots(s))
+        if ceiling is not None and slots_needed > ceiling[0]:
+            limited = max(1, math.ceil(ceiling[0] / self.per_worker - 1e-9))
+            self.reasons.append(
+                f"Queue {g.queue} is bound by {ceiling[1]}: {limited} worker(s) can use all"
+                " of it; more would sit idle. Raise the limit to go faster.")
+            slots_needed = ceiling[0]
+        self._describe_held()
         needed = max(1, math.ceil(slots_needed / self.per_worker - 1e-9))
         eta = self._eta(capacity)
         self._judge_wait(needed, s)
@@ -136,6 +166,18 @@ class _Decision:
             backlog=stats.backlog, wait_p95=stats.wait.p95, target_wait=g.target_wait,
             deadline=g.deadline, assumed_workers=self.assumed,
         )
+
+    def _describe_held(self) -> None:
+        flow = self.given.flow
+        if flow is None or flow.held <= 0:
+            return
+        why = {"paused": "the queue is paused", "concurrency": "the queue's concurrency cap",
+               "rate": "the queue's rate"}.get(flow.blocked_by or "", "tenant limits")
+        tenants = ", ".join(f"{t} ({n})" for t, n in
+                            sorted(flow.held_by_tenant.items(), key=lambda i: -i[1])[:3])
+        self.reasons.append(
+            f"{flow.held} ready job(s) are held by {why}" + (f": {tenants}" if tenants else "")
+            + "; more workers would not start them sooner.")
 
     def _eta(self, capacity: float) -> float:
         pending = self.given.stats.backlog.pending

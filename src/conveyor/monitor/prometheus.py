@@ -102,6 +102,9 @@ class RedisCollector(Collector):
         idle = GaugeMetricFamily("conveyor_task_idle_seconds",
                                  "Seconds since a job of the task type last finished",
                                  labels=["queue", "task"])
+        held = GaugeMetricFamily("conveyor_queue_held",
+                                 "Ready jobs of a queue that a limit (or a pause) holds back now",
+                                 labels=["queue"])
         needed = GaugeMetricFamily("conveyor_queue_workers_needed",
                                    "Worker processes the scaling advice asks for",
                                    labels=["queue"])
@@ -109,6 +112,7 @@ class RedisCollector(Collector):
             b = self.app.monitor.backlog(queue)
             for state in ("ready", "scheduled", "active", "dead"):
                 backlog.add_metric([queue, state], getattr(b, state))
+            held.add_metric([queue], b.held)
             if self.with_advice:
                 needed.add_metric([queue], self.app.monitor.advice(queue).workers_needed)
         for row in self.app.monitor.activity():
@@ -118,7 +122,7 @@ class RedisCollector(Collector):
                     idle.add_metric([row.queue, row.task], max(0.0, now - row.idle_since))
         workers = GaugeMetricFamily("conveyor_workers", "Live worker processes (registry)")
         workers.add_metric([], len(self.app.monitor.workers()))
-        yield from (backlog, active, idle, workers)
+        yield from (backlog, held, active, idle, workers)
         if self.with_advice:
             yield needed
 

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from ..keys import QueueKeys
+from .flow import read_flow
 from .histogram import Histogram
 
 COUNTERS = ("enqueued", "started", "succeeded", "failed", "retried", "dead")
@@ -39,12 +40,14 @@ class Timing:
 
 @dataclass(frozen=True, slots=True)
 class Backlog:
-    """Jobs of a queue by where they are now."""
+    """Jobs of a queue by where they are now; ``held`` counts the ready jobs that a limit
+    (flow control, or a pause) keeps from starting now."""
 
     ready: int = 0
     scheduled: int = 0
     active: int = 0
     dead: int = 0
+    held: int = 0
 
     @property
     def pending(self) -> int:
@@ -53,7 +56,8 @@ class Backlog:
 
     def __add__(self, other: Backlog) -> Backlog:
         return Backlog(self.ready + other.ready, self.scheduled + other.scheduled,
-                       self.active + other.active, self.dead + other.dead)
+                       self.active + other.active, self.dead + other.dead,
+                       self.held + other.held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,13 +151,16 @@ def read_windows(client: redis.Redis, keys: QueueKeys, starts: Iterable[int]
 
 
 def read_backlog(client: redis.Redis, keys: QueueKeys) -> Backlog:
-    """ready = the ready counter, scheduled = delayed set, active = leases, dead = dead set."""
+    """ready = the ready counter, scheduled = delayed set, active = leases, dead = dead set,
+    held = ready jobs a limit holds back (read only when the queue has limits or a pause)."""
     with client.pipeline(transaction=False) as pipe:
         pipe.hget(keys.counts, "ready")
         for zset in (keys.delayed, keys.leases, keys.dead):
             pipe.zcard(zset)
-        ready, scheduled, active, dead = pipe.execute()
-    return Backlog(max(0, int(ready or 0)), int(scheduled), int(active), int(dead))
+        pipe.exists(keys.limits, keys.paused)
+        ready, scheduled, active, dead, limited = pipe.execute()
+    held = read_flow(client, keys).held if int(limited) else 0
+    return Backlog(max(0, int(ready or 0)), int(scheduled), int(active), int(dead), held)
 
 
 def build(task: str | None, queue: str | None, window: float, span: float, now: float,

@@ -38,6 +38,7 @@ SCRIPT_NAMES = (
     "workflow_enqueue",
     "workflow_release",
     "workflow_settle",
+    "set_limits",
 )
 
 

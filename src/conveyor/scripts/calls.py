@@ -18,15 +18,16 @@ from . import Arg, ScriptCall
 
 KEYS: dict[str, tuple[str, ...]] = {
     "enqueue": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "counts",
-                "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix"),
+                "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix", "throttle_prefix"),
     "fetch": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "leases",
               "dead", "counts", "active", "seq", "dedupe_prefix", "events", "metrics_prefix",
-              "wake", "paused"),
+              "wake", "paused", "limits", "buckets", "running", "parked"),
     "finish": ("job_prefix", "leases", "delayed", "dead", "active", "idle", "dedupe_prefix",
-               "events", "metrics_prefix", "wake"),
+               "events", "metrics_prefix", "wake", "counts", "running", "parked", "limits",
+               "ready_prefix", "ring_prefix", "priorities"),
     "heartbeat": ("job_prefix", "leases", "cancelling"),
     "release": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "leases", "counts",
-                "active", "wake"),
+                "active", "wake", "running", "parked", "limits"),
     "cancel": ("job_prefix", "delayed", "counts", "dedupe_prefix", "cancelling"),
     "requeue_dead": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "dead",
                      "counts", "wake"),
@@ -39,11 +40,13 @@ KEYS: dict[str, tuple[str, ...]] = {
     "workflow_release": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed",
                          "counts", "wake", "handover", "waiting_prefix"),
     "workflow_settle": ("workflow_prefix",),
+    "set_limits": ("limits", "buckets", "parked", "ready_prefix", "ring_prefix", "priorities",
+                   "wake", "counts"),
 }
 ARGV: dict[str, tuple[str, ...]] = {
     "enqueue": ("now", "bucket_seconds", "bucket_ttl", "claim", "claim_tick", "claim_mode",
                 "task", "priority", "tenant", "delay_ms", "at_ms", "max_attempts", "key",
-                "visibility_ms", "count"),
+                "visibility_ms", "debounce_ms", "debounce_max_ms", "throttle_ms", "count"),
     "fetch": ("now", "count", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
               "nonce"),
     "finish": ("now", "retention", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
@@ -59,6 +62,7 @@ ARGV: dict[str, tuple[str, ...]] = {
                          "nodes", "total", "count"),
     "workflow_release": ("now", "retention", "count"),
     "workflow_settle": ("retention", "workflow", "count"),
+    "set_limits": ("clear", "count"),
 }
 
 
@@ -105,14 +109,20 @@ class JobSpec(NamedTuple):
     max_attempts: int = 4
     key: str = ""
     visibility_ms: int = 30_000
+    debounce_ms: float | None = None
+    debounce_max_ms: float | None = None
+    throttle_ms: float | None = None
 
     def fields(self) -> tuple[Arg, ...]:
         return (
-            self.task, self.priority, self.tenant,
-            "" if self.delay_ms is None else repr(float(self.delay_ms)),
-            "" if self.at_ms is None else repr(float(self.at_ms)),
-            self.max_attempts, self.key, self.visibility_ms,
+            self.task, self.priority, self.tenant, _opt(self.delay_ms), _opt(self.at_ms),
+            self.max_attempts, self.key, self.visibility_ms, _opt(self.debounce_ms),
+            _opt(self.debounce_max_ms), _opt(self.throttle_ms),
         )
+
+
+def _opt(ms: float | None) -> str:
+    return "" if ms is None else repr(float(ms))
 
 
 def _parse_enqueue(
@@ -188,6 +198,7 @@ class Fetched:
     dead: list[str]
     jobs: list[Leased]
     trimmed: list[str] = field(default_factory=list)
+    held: bool = False  # limits held back ready jobs (they start when a limit frees)
 
 
 def _float(value: Any, default: float = 0.0) -> float:
@@ -226,13 +237,14 @@ def _leased(f: Sequence[Any]) -> Leased:
 
 
 def _parse_fetch(reply: list[Any]) -> Fetched:
-    now, next_due, dead, flat, trimmed = reply
+    now, next_due, dead, flat, trimmed, held = reply
     return Fetched(
         now_ms=float(now),
         next_due_ms=float(next_due) if next_due not in (b"", "") else None,
         dead=[_text(d) for d in dead],
         jobs=[_leased(flat[i:i + 9]) for i in range(0, len(flat), 9)],
         trimmed=[_text(t) for t in trimmed],
+        held=bool(int(held)),
     )
 
 
@@ -357,6 +369,8 @@ def step(k: QueueKeys, short_id: str, token: str, name: str, value: bytes
     """Record the encoded result of step ``name``: (:data:`STEP_RECORDED`, b''),
     (:data:`STEP_KEPT`, the value recorded before), or a refusal with b''."""
     return _call("step", k, [short_id, token, name, value], _parse_step)
+
+
 class NodeSpec(NamedTuple):
     """One workflow node as ``workflow_enqueue`` stores it."""
 
@@ -424,3 +438,18 @@ def workflow_settle(
     many have ended in all."""
     args: list[Arg] = [limits.retention, workflow_short_id, len(ended), *ended]
     return _call("workflow_settle", k, args, int)
+
+
+def _parse_hash(reply: Any) -> dict[str, str]:
+    return {_text(reply[i]): _text(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+
+def set_limits(
+    k: QueueKeys, changes: Sequence[tuple[str, str]], clear: bool = False
+) -> ScriptCall[dict[str, str]]:
+    """Change flow-control limit fields given as (field, value); '' removes a field.
+    ``clear`` removes every limit first. The reply is the limits hash afterwards."""
+    args: list[Arg] = ["1" if clear else "", len(changes)]
+    for name, value in changes:
+        args.extend((name, value))
+    return _call("set_limits", k, args, _parse_hash)

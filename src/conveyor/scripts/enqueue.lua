@@ -12,6 +12,7 @@
 -- KEYS[8] wake            wake marker list
 -- KEYS[9] metrics_prefix  metric buckets
 -- KEYS[10] schedule_prefix last fired tick per periodic: schedule_prefix .. name -> ms
+-- KEYS[11] throttle_prefix throttle windows: throttle_prefix .. key -> short id (expires)
 -- ARGV[1] now             '' for the server clock (ms override, tests only)
 -- ARGV[2] bucket_seconds  width of a metric bucket
 -- ARGV[3] bucket_ttl      lifetime of a metric bucket (s)
@@ -28,12 +29,17 @@
 -- ARGV[12] max_attempts   runs allowed in all
 -- ARGV[13] key            '' or a dedupe key (batches of one job only)
 -- ARGV[14] visibility_ms  lease length
--- ARGV[15] count          number of jobs that follow, 2 fields each: short id, args
+-- ARGV[15] debounce_ms    '' or: with a key, run once this long after the latest enqueue
+-- ARGV[16] debounce_max_ms '' or: ... but no later than this long after the first one
+-- ARGV[17] throttle_ms    '' or: with a key, the key stays taken this long from the first
+-- ARGV[18] count          number of jobs that follow, 2 fields each: short id, args
 -- Returns: the number of jobs stored (all of them); or, when a held dedupe key or a taken
 --          claim stops it, a list: { short id of the job holding the key, 0 } or {}
 --@include clock
 --@include ready
 --@include metrics
+--@include keyed
+--@include enqueue_checks
 
 local job_prefix, ready_prefix, ring_prefix = KEYS[1], KEYS[2], KEYS[3]
 local priorities, delayed, counts = KEYS[4], KEYS[5], KEYS[6]
@@ -42,54 +48,33 @@ local bucket_seconds, bucket_ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local claim, claim_tick, claim_mode = ARGV[4], tonumber(ARGV[5]), ARGV[6]
 local task, priority, tenant = ARGV[7], tonumber(ARGV[8]), ARGV[9]
 local delay_ms, at_ms, max_attempts = ARGV[10], ARGV[11], tonumber(ARGV[12])
-local key, visibility_ms, n_jobs = ARGV[13], tonumber(ARGV[14]), tonumber(ARGV[15])
-local FIRST = 16
+local key, visibility_ms = ARGV[13], tonumber(ARGV[14])
+local debounce_ms, debounce_max_ms = tonumber(ARGV[15]), tonumber(ARGV[16])
+local throttle_ms, n_jobs = tonumber(ARGV[17]), tonumber(ARGV[18])
+local FIRST = 19
 
 -- Validate everything before the first write: a script is never half-applied.
-if not n_jobs or #ARGV ~= FIRST - 1 + n_jobs * 2 then
-  return redis.error_reply('ERR enqueue: expected ' .. tostring(n_jobs) .. ' jobs of 2 fields,'
-    .. ' got ' .. (#ARGV - FIRST + 1) .. ' values')
-end
-if task == '' then return redis.error_reply('ERR enqueue: task must not be empty') end
-if not priority or priority ~= math.floor(priority) or priority < 0 or priority > 9 then
-  return redis.error_reply('ERR enqueue: priority must be an integer 0-9, got ' .. ARGV[8])
-end
-if not max_attempts or max_attempts < 1 then
-  return redis.error_reply('ERR enqueue: max_attempts must be >= 1')
-end
-if not visibility_ms or visibility_ms <= 0 then
-  return redis.error_reply('ERR enqueue: visibility_ms must be > 0')
-end
-if (delay_ms ~= '' and not tonumber(delay_ms)) or (at_ms ~= '' and not tonumber(at_ms)) then
-  return redis.error_reply('ERR enqueue: delay_ms and at_ms must be numbers or empty')
-end
-if key ~= '' and n_jobs > 1 then
-  return redis.error_reply('ERR enqueue: a dedupe key names one job, got ' .. n_jobs)
-end
-for i = 0, n_jobs - 1 do
-  if ARGV[FIRST + i * 2] == '' then
-    return redis.error_reply('ERR enqueue: job ' .. i .. ' has no id')
-  end
-end
+local problem = enqueue_problem(FIRST)
+if problem then return redis.error_reply('ERR enqueue: ' .. problem) end
 
 if claim ~= '' then
-  if not claim_tick then return redis.error_reply('ERR enqueue: claim_tick must be a number') end
   local last = tonumber(redis.call('GET', schedule_prefix .. claim))
   if last and last >= claim_tick then return {} end
   redis.call('SET', schedule_prefix .. claim, string.format('%d', claim_tick))
   if not last and claim_mode == 'seen' then return {} end
 end
 
+local now = now_ms(ARGV[1])
 if key ~= '' then
-  local existing = redis.call('GET', dedupe_prefix .. key)
-  if existing and redis.call('EXISTS', job_prefix .. existing) == 1 then
-    return { existing, 0 }
-  end
+  local existing = keyed_existing({ job_prefix = job_prefix, dedupe_prefix = dedupe_prefix,
+    throttle_prefix = KEYS[11], delayed = delayed }, { key = key, args = ARGV[FIRST + 1],
+    now = now, debounce_ms = debounce_ms, throttle = throttle_ms ~= nil })
+  if existing then return { existing, 0 } end
 end
 
-local now = now_ms(ARGV[1])
 local due = now
 if delay_ms ~= '' then due = now + tonumber(delay_ms) end
+if debounce_ms then due = now + debounce_ms end
 if at_ms ~= '' and tonumber(at_ms) > due then due = tonumber(at_ms) end
 local scheduled = due > now
 local state = scheduled and 'scheduled' or 'ready'
@@ -100,6 +85,10 @@ local record = { 'task', task, 'state', state, 'priority', ARGV[8],
 if tenant ~= '' then record[#record + 1] = 'tenant'; record[#record + 1] = tenant end
 if scheduled then record[#record + 1] = 'run_at'; record[#record + 1] = seconds(due) end
 if key ~= '' then record[#record + 1] = 'key'; record[#record + 1] = key end
+if debounce_max_ms then
+  record[#record + 1] = 'debounce_until'
+  record[#record + 1] = string.format('%.3f', now + debounce_max_ms)
+end
 if claim ~= '' then record[#record + 1] = 'tick'; record[#record + 1] = seconds(claim_tick) end
 local n_fields = #record
 
@@ -111,7 +100,10 @@ for i = 0, n_jobs - 1 do
   if scheduled then redis.call('ZADD', delayed, due, id) end
   ids[i + 1] = id
 end
-if key ~= '' then redis.call('SET', dedupe_prefix .. key, ids[1]) end
+if key ~= '' then
+  keyed_created({ dedupe_prefix = dedupe_prefix, throttle_prefix = KEYS[11] }, key, ids[1],
+    throttle_ms)
+end
 if not scheduled then
   push_ready_many(ready_prefix, ring_prefix, priorities, ids, ARGV[8], tenant)
   redis.call('HINCRBY', counts, 'ready', n_jobs)

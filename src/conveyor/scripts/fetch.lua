@@ -22,6 +22,10 @@
 -- KEYS[13] metrics_prefix
 -- KEYS[14] wake
 -- KEYS[15] paused
+-- KEYS[16] limits
+-- KEYS[17] buckets
+-- KEYS[18] running
+-- KEYS[19] parked
 -- ARGV[1] now             '' for the server clock (ms override, tests only)
 -- ARGV[2] count           most jobs to lease (the worker's free slots)
 -- ARGV[3] dead_cap        most dead letters kept
@@ -29,21 +33,28 @@
 -- ARGV[5] bucket_seconds  width of a metric bucket
 -- ARGV[6] bucket_ttl      lifetime of a metric bucket (s)
 -- ARGV[7] nonce           random text of this call, part of every token it hands out
+-- Limits (flow.lua) are decided here, atomically with priorities and tenant turns; the next
+-- due time includes when a parked tenant or the queue's bucket has a token again.
 -- Returns: { now_ms, next_due_ms ('' if none), dead short ids (lost leases, bad records),
 --            jobs: flat, 9 fields each: short id, token, task, args, attempts,
 --            max_attempts, enqueued_at, run_at, vt;
---            short ids of dead letters deleted by the cap meanwhile }
+--            short ids of dead letters deleted by the cap meanwhile,
+--            1 if limits held back ready jobs (a burst worker waits for them) else 0 }
 --@include clock
 --@include ready
 --@include metrics
 --@include finish
 --@include records
+--@include flow
 --@include maintain
+--@include flow_claim
+--@include lease
 
 local k = { job_prefix = KEYS[1], ready_prefix = KEYS[2], ring_prefix = KEYS[3],
   priorities = KEYS[4], delayed = KEYS[5], leases = KEYS[6], dead = KEYS[7],
   counts = KEYS[8], active = KEYS[9], seq = KEYS[10], dedupe_prefix = KEYS[11],
-  events = KEYS[12], metrics_prefix = KEYS[13], wake = KEYS[14], paused = KEYS[15] }
+  events = KEYS[12], metrics_prefix = KEYS[13], wake = KEYS[14], paused = KEYS[15],
+  limits = KEYS[16], buckets = KEYS[17], running = KEYS[18], parked = KEYS[19] }
 local want, nonce = tonumber(ARGV[2]), ARGV[7]
 local cfg = { dead_cap = tonumber(ARGV[3]), events_maxlen = tonumber(ARGV[4]),
   bucket_seconds = tonumber(ARGV[5]), bucket_ttl = tonumber(ARGV[6]) }
@@ -60,64 +71,43 @@ local out = { dead = {}, trimmed = {} }
 reclaim_expired(k, now, 100, cfg, tally, out)
 promote_due(k, now, 1000, cfg, tally, out)
 
-local jobs, taken, leases, active = {}, 0, {}, {}
+local acc = new_lease_batch()
+local take = lease_taker(k, cfg, tally, out, now, want, nonce, acc)
+local taken, refill, lim, held = 0, nil, nil, false
 if redis.call('EXISTS', k.paused) == 0 then
-  local popped_ready = 0
-  while taken < want do
-    local ids = pop_ready_many(k.ready_prefix, k.ring_prefix, k.priorities, want - taken)
-    if #ids == 0 then break end
-    local token_base = redis.call('INCRBY', k.seq, #ids) - #ids
-    for i, id in ipairs(ids) do
-      local key = k.job_prefix .. id
-      local r = read_record(key)
-      -- Cancelled jobs are removed lazily here; their ready count was taken off at cancel,
-      -- and their record starts to expire now that no list names it.
-      if r.state == 'cancelled' then
-        redis.call('EXPIRE', key, tonumber(redis.call('HGET', key, 'keep')) or 86400)
-      else
-        popped_ready = popped_ready + 1
-      end
-      -- A missing record (expired) or one of another state (a stale entry) is skipped.
-      local bad = listed_record_problem(key, r) or stranded(k, id, r)
-      if bad then
-        dead_letter(k, cfg, tally, now, id, r, bad, out)
-      elseif r.state == 'ready' then
-        local f = redis.call('HMGET', key, 'state', 'task', 'args', 'attempts', 'max_attempts',
-          'enqueued_at', 'run_at', 'vt')
-        local attempts = (tonumber(f[4]) or 0) + 1
-        local token = string.format('%d', token_base + i) .. '.' .. nonce
-        local vt = tonumber(f[8]) or 30000
-        local task = f[2] or ''
-        redis.call('HSET', key, 'state', 'active', 'attempts', attempts, 'token', token)
-        leases[#leases + 1] = now + vt
-        leases[#leases + 1] = id
-        active[task] = (active[task] or 0) + 1
-        local n = #jobs
-        jobs[n + 1], jobs[n + 2], jobs[n + 3], jobs[n + 4] = id, token, task, f[3] or ''
-        jobs[n + 5], jobs[n + 6], jobs[n + 7] = attempts, f[5] or '1', f[6] or ''
-        jobs[n + 8], jobs[n + 9] = f[7] or '', vt
-        taken = taken + 1
+  lim = read_limits(k.limits)
+  if lim then
+    flow_unpark_due(k, now, 1000)
+    taken, refill = claim_limited(k, lim, now, want, take)
+  else
+    while taken < want do
+      local ids = pop_ready_many(k.ready_prefix, k.ring_prefix, k.priorities, want - taken)
+      if #ids == 0 then break end
+      for _, id in ipairs(ids) do
+        if take(id) then taken = taken + 1 end
       end
     end
   end
-  if popped_ready > 0 then redis.call('HINCRBY', k.counts, 'ready', -popped_ready) end
-  for i = 1, #leases, 500 do
-    redis.call('ZADD', k.leases, unpack(leases, i, math.min(i + 499, #leases)))
+  record_leases(k, tally, acc)
+  flow_started(k, taken, acc.by_tenant)
+  -- More ready jobs than this worker had slots for: wake another (under limits, only when
+  -- the worker's slots and not a limit stopped the claim).
+  if taken > 0 and (not lim or taken == want) and redis.call('ZCARD', k.priorities) > 0 then
+    wake_one(k.wake)
   end
-  for task, n in pairs(active) do
-    redis.call('HINCRBY', k.active, task, n)
-    count(tally, task, 'started', n)
+  if lim and taken < want then  -- did a limit hold back ready jobs?
+    held = (tonumber(redis.call('HGET', k.counts, 'ready')) or 0) > 0
   end
-  if taken > 0 and redis.call('ZCARD', k.priorities) > 0 then wake_one(k.wake) end
+  if not held then refill = nil end
 end
 write_tally(tally, bucket_key(k.metrics_prefix, now, cfg.bucket_seconds), cfg.bucket_ttl)
 
-local next_due = ''
-local first_delayed = redis.call('ZRANGE', k.delayed, 0, 0, 'WITHSCORES')
-local first_lease = redis.call('ZRANGE', k.leases, 0, 0, 'WITHSCORES')
-if #first_delayed > 0 then next_due = tonumber(first_delayed[2]) end
-if #first_lease > 0 and (next_due == '' or tonumber(first_lease[2]) < next_due) then
-  next_due = tonumber(first_lease[2])
+local next_due = refill or ''
+for _, set in ipairs({ k.delayed, k.leases, k.parked }) do
+  local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+  if #first > 0 and (next_due == '' or tonumber(first[2]) < next_due) then
+    next_due = tonumber(first[2])
+  end
 end
 return { string.format('%.3f', now), next_due == '' and '' or string.format('%.3f', next_due),
-  out.dead, jobs, out.trimmed }
+  out.dead, acc.jobs, out.trimmed, held and 1 or 0 }

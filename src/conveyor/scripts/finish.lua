@@ -16,6 +16,13 @@
 -- KEYS[8]  events
 -- KEYS[9]  metrics_prefix
 -- KEYS[10] wake
+-- KEYS[11] counts
+-- KEYS[12] running
+-- KEYS[13] parked
+-- KEYS[14] limits
+-- KEYS[15] ready_prefix
+-- KEYS[16] ring_prefix
+-- KEYS[17] priorities
 -- ARGV[1] now             '' for the server clock (ms override, tests only)
 -- ARGV[2] retention       seconds a finished job record (and its result) is kept
 -- ARGV[3] dead_cap        most dead letters kept
@@ -36,31 +43,28 @@
 --@include finish
 --@include ready
 --@include settle
+--@include flow
 
-local job_prefix, leases, delayed, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local active, idle, dedupe_prefix, events = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local metrics_prefix, wake = KEYS[9], KEYS[10]
+local job_prefix, leases, delayed, dead, active = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local idle, dedupe_prefix, events, metrics_prefix, wake = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local flow_keys = { counts = KEYS[11], running = KEYS[12], parked = KEYS[13], limits = KEYS[14],
+  ready_prefix = KEYS[15], ring_prefix = KEYS[16], priorities = KEYS[17], wake = wake }
 local retention, dead_cap, events_maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local bucket_seconds, bucket_ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
 local snooze_cap, n = tonumber(ARGV[7]), tonumber(ARGV[8])
 local FIELDS, FIRST = 6, 9
-local OUTCOMES = { ok = 1, retry = 1, dead = 1, snooze = 1, cancelled = 1 }
 if not (retention and dead_cap and events_maxlen and bucket_seconds and bucket_ttl and n
     and snooze_cap) or #ARGV ~= FIRST - 1 + n * FIELDS then
   return redis.error_reply('ERR finish: expected numeric settings and ' .. tostring(n)
     .. ' outcomes of ' .. FIELDS .. ' fields')
 end
-for i = 0, n - 1 do
-  local outcome = ARGV[FIRST + i * FIELDS + 2]
-  if not OUTCOMES[outcome] then
-    return redis.error_reply('ERR finish: unknown outcome ' .. tostring(outcome))
-  end
-end
+local unknown = unknown_outcome(ARGV, FIRST, FIELDS, n)
+if unknown then return redis.error_reply('ERR finish: unknown outcome ' .. unknown) end
 
 local now = now_ms(ARGV[1])
 local now_s = seconds(now)
 local codes, trimmed, retried, handed = {}, {}, false, 0
-local tally, done_leases, done_tasks = new_tally(), {}, {}
+local tally, done_leases, done_tasks, done_tenants = new_tally(), {}, {}, {}
 for i = 0, n - 1 do
   local base = FIRST + i * FIELDS
   local id, token, outcome = ARGV[base], ARGV[base + 1], ARGV[base + 2]
@@ -75,6 +79,7 @@ for i = 0, n - 1 do
       tenant = f[9], priority = f[10], started_at = started_at, finished_at = now_s }
     done_leases[#done_leases + 1] = id
     done_tasks[job.task] = (done_tasks[job.task] or 0) + 1
+    done_tenants[f[9] or ''] = (done_tenants[f[9] or ''] or 0) + 1
     outcome, payload = final_outcome(outcome, payload, f, snooze_cap)
     if outcome ~= 'snooze' then
       local enqueued_at, run_at = tonumber(f[7]) or 0, tonumber(f[8]) or 0
@@ -116,14 +121,9 @@ for i = 0, n - 1 do
     end
   end
 end
--- Per batch, not per job: leases, active counts, idle times and metrics.
-for i = 1, #done_leases, 500 do
-  redis.call('ZREM', leases, unpack(done_leases, i, math.min(i + 499, #done_leases)))
-end
-for task, finished in pairs(done_tasks) do
-  release_active(active, task, finished)
-  redis.call('HSET', idle, task, now_s)
-end
+-- Per batch, not per job: leases, active and running counts, idle times and metrics.
+end_runs({ leases = leases, active = active, idle = idle, flow = flow_keys }, done_leases,
+  done_tasks, done_tenants, now_s)
 write_tally(tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
 -- A retry may now be the earliest due job: idle workers must re-arm their timers.
 if retried then wake_one(wake) end

@@ -13,20 +13,26 @@
 -- KEYS[6] counts
 -- KEYS[7] active
 -- KEYS[8] wake
+-- KEYS[9] running
+-- KEYS[10] parked
+-- KEYS[11] limits
 -- ARGV[1] count   number of jobs that follow, 3 fields each: short id, token, reason
 --                 ('' for a job that never started, else why its run was interrupted)
 -- Returns: number of jobs handed back (stale tokens are skipped)
 --@include ready
 --@include finish
+--@include flow
 
 local job_prefix, ready_prefix, ring_prefix, priorities = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local leases, counts, active, wake = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local flow_keys = { counts = counts, running = KEYS[9], parked = KEYS[10], limits = KEYS[11],
+  ready_prefix = ready_prefix, ring_prefix = ring_prefix, priorities = priorities, wake = wake }
 local n = tonumber(ARGV[1])
 if not n or #ARGV ~= 1 + n * 3 then
   return redis.error_reply('ERR release: expected ' .. tostring(n) .. ' jobs of 3 fields')
 end
 
-local released = 0
+local released, by_tenant = 0, {}
 for i = 0, n - 1 do
   local id, token, reason = ARGV[2 + i * 3], ARGV[3 + i * 3], ARGV[4 + i * 3]
   local key = job_prefix .. id
@@ -44,7 +50,9 @@ for i = 0, n - 1 do
     release_active(active, f[3] or '')
     push_ready(ready_prefix, ring_prefix, priorities, id, f[5] or '5', f[6] or '', true)
     released = released + 1
+    by_tenant[f[6] or ''] = (by_tenant[f[6] or ''] or 0) + 1
   end
 end
 made_ready(counts, wake, released)
+flow_ended(flow_keys, released, by_tenant)
 return released

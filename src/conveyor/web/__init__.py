@@ -27,7 +27,9 @@ had is ``null``):
 ``/api/queues/<queue>?window=900``
     ``{name, time, window, backlog, stats: {enqueued, started, succeeded, failed,
     retried, dead, throughput, failure_rate, wait: {mean, p50, p95, p99}, run: {...}},
-    advice, priorities: [{priority, ready, tenant_count, hidden, tenants: [{tenant,
+    advice, flow: {limits: {concurrency, rate, tenant_concurrency, tenant_rate, tenants},
+    paused, running, held, blocked_by, held_tenants: [{tenant, held, running}]},
+    priorities: [{priority, ready, tenant_count, hidden, tenants: [{tenant,
     ready}]}], top_tenants: [{tenant, ready}]}``. ``window`` is snapped to 300, 900, 3600
     or 10800 seconds.
 ``/api/queues/<queue>/series?window=900``

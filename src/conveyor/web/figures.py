@@ -115,7 +115,24 @@ def queue_detail(app: Conveyor, queue: str, window: float) -> dict[str, Any]:
     stats = _with_monitor(own, monitor_stats(app, queue=queue, window=window))
     return {"name": queue, "time": now, "window": window,
             "backlog": queries.backlog(app, [queue])[queue], "stats": stats,
-            "advice": advice(app, queue), **queries.tenants(app, queue)}
+            "advice": advice(app, queue), "flow": flow(app, queue),
+            **queries.tenants(app, queue)}
+
+
+def flow(app: Conveyor, queue: str, tenants: int = 50) -> dict[str, Any]:
+    """The queue's limits and what they hold back (the largest held tenants)."""
+    state = app.monitor.flow(queue)
+    lim = state.limits
+    largest = sorted(state.held_by_tenant.items(), key=lambda i: -i[1])[:tenants]
+    return {"limits": {"concurrency": lim.concurrency, "rate": lim.rate,
+                       "tenant_concurrency": lim.tenant_concurrency,
+                       "tenant_rate": lim.tenant_rate,
+                       "tenants": {t: {"concurrency": v.concurrency, "rate": v.rate}
+                                   for t, v in list(lim.tenants.items())[:tenants]}},
+            "paused": state.paused, "running": state.running, "held": state.held,
+            "blocked_by": state.blocked_by,
+            "held_tenants": [{"tenant": t, "held": n,
+                              "running": state.running_by_tenant.get(t, 0)} for t, n in largest]}
 
 
 def queue_series(app: Conveyor, queue: str, window: float) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
-from ..errors import JobNotFound
+from ..errors import ConfigurationError, JobNotFound
 from . import queries, series
 from .api import PAGE_SIZE, WINDOWS, int_param, window_of
 from .security import Csrf
@@ -35,7 +35,11 @@ NOTICES = {
     "paused": ("ok", "Paused: the queue accepts jobs but hands none out."),
     "resumed": ("ok", "Resumed: workers take jobs from the queue again."),
     "bad-request": ("warn", "That action needs a queue or a job id it did not get."),
+    "limits-set": ("ok", "Limits changed: every worker obeys them at its next claim."),
+    "bad-limits": ("warn", "Those limits are not valid (a cap is a whole number >= 0, a rate"
+                   " is like 200/s, 50/m or 10): nothing was changed."),
 }
+LIMIT_FIELDS = ("concurrency", "rate", "tenant_concurrency", "tenant_rate")
 REPORT_PARAMS = ("done", "n")
 MAX_FORM_BYTES = 16_384
 
@@ -86,6 +90,7 @@ class Pages:
             Route("/workflows/{workflow_id:path}", self.workflow, name="workflow"),
             Route("/workers", self.workers, name="workers"),
             Route("/schedules", self.schedules, name="schedules"),
+            Route("/actions/limits", self.limits_action, methods=["POST"], name="limits"),
             Route("/actions/{action}", self.action, methods=["POST"], name="action"),
         ]
 
@@ -129,7 +134,8 @@ class Pages:
         queue = request.path_params["queue"]
         backlog = queries.backlog(self.app, [queue])[queue]
         return self.render(request, "queue.html", "queue", queue=queue, backlog=backlog,
-                           window=window_of(request), windows=WINDOWS)
+                           window=window_of(request), windows=WINDOWS,
+                           flow=self.app.monitor.flow(queue))
 
     def tasks(self, request: Request) -> Response:
         return self.render(request, "tasks.html", "tasks", window=window_of(request),
@@ -206,6 +212,40 @@ class Pages:
         return RedirectResponse(f"{target}{separator}{urlencode({'done': done, 'n': n})}",
                                 status_code=303)
 
+    async def limits_action(self, request: Request) -> Response:
+        """Set a queue's limits from the form on its page (an empty field removes that
+        limit); with a tenant, that tenant's own concurrency and rate."""
+        form = await read_form(request)
+        why = self.csrf.refusal(request, form.get("csrf"))
+        if why is not None:
+            return PlainTextResponse(f"refused: {why}", status_code=403)
+        base = request.scope.get("root_path", "")
+        target = local_path(form.get("next"), base + "/")
+        try:
+            await run_in_threadpool(self._set_limits, form)
+            done = "limits-set"
+        except ConfigurationError:
+            done = "bad-limits"
+        except ValueError:
+            done = "bad-request"
+        separator = "&" if "?" in target else "?"
+        return RedirectResponse(f"{target}{separator}{urlencode({'done': done, 'n': 1})}",
+                                status_code=303)
+
+    def _set_limits(self, form: dict[str, str]) -> None:
+        queue = form.get("queue", "")
+        if not queue:
+            raise ValueError("missing queue")
+        values: dict[str, Any] = {}
+        for name in LIMIT_FIELDS:
+            raw = form.get(name, "").strip()
+            values[name] = None if not raw else _limit_value(name, raw)
+        q, tenant = self.app.queue(queue), form.get("tenant", "").strip()
+        if tenant:
+            q.set_tenant_limits(tenant, concurrency=values["concurrency"], rate=values["rate"])
+        else:
+            q.set_limits(**values)
+
     def _actions(self) -> dict[str, Callable[[str, str], tuple[str, int]]]:
         app = self.app
 
@@ -237,3 +277,16 @@ class Pages:
 
         return {"requeue": requeue, "purge": purge, "cancel": cancel, "pause": pause,
                 "resume": resume, "cancel_workflow": cancel_workflow}
+
+
+def _limit_value(name: str, raw: str) -> Any:
+    """A form field's text as the value ``Queue.set_limits`` takes."""
+    if "rate" in name:
+        try:
+            return float(raw)
+        except ValueError:
+            return raw  # "200/s": parsed (and checked) by the queue handle
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a whole number, got {raw!r}") from None

@@ -80,6 +80,8 @@ class Worker:
         self._stopping = False
         self.nudge: asyncio.Event | None = None
         self._more: dict[str, bool] = {}
+        self._held_back: dict[str, bool] = {}  # a limit held ready jobs at the last fetch
+        self._wakes = 0  # wake-ups seen so far (one that arrives during a fetch is kept)
         self.next_due: dict[str, float | None] = {}
         self._rotation = 0
         self.started = threading.Event()
@@ -206,7 +208,8 @@ class Worker:
                 continue
             if took:
                 continue
-            if burst and not self.held and not any(self._more.values()):
+            if burst and not self.held and not any(self._more.values()) \
+                    and not any(self._held_back.values()):
                 await self.outbox.flush_all()
                 if not self.held and not any(self._more.values()):
                     return  # (a hand-over while flushing may have made nodes ready)
@@ -223,10 +226,14 @@ class Worker:
             queue = self.queues[(self._rotation + i) % n]
             if not self._more[queue] and not self._is_due(queue):
                 continue
+            wakes = self._wakes
             fetched = await runner.run(calls.fetch(self.app.keys(queue), free, self.app.limits))
             self.clock.observe(fetched.now_ms)
             self.next_due[queue] = fetched.next_due_ms
-            self._more[queue] = len(fetched.jobs) == free
+            # A wake-up that came while the fetch was on the wire may be for a job stored
+            # after the script ran: look again rather than lose it.
+            self._more[queue] = len(fetched.jobs) == free or self._wakes != wakes
+            self._held_back[queue] = fetched.held
             if fetched.dead:
                 self.outbox.notify_dead(queue, fetched.dead)
             if fetched.trimmed:
@@ -325,6 +332,7 @@ class Worker:
         """Look at every queue again now (a wake marker arrived, or Redis came back)."""
         for queue in self.queues:
             self._more[queue] = True
+        self._wakes += 1
         assert self.nudge is not None
         self.nudge.set()
 
@@ -335,6 +343,7 @@ class Worker:
     def look_again(self, queue: str) -> None:
         """``queue`` has ready jobs: fetch from it at the next chance."""
         self._more[queue] = True
+        self._wakes += 1
         assert self.nudge is not None
         self.nudge.set()
 

@@ -192,7 +192,9 @@ class SignalReader:
         self.tasks = [t.name for t in app.tasks.values() if t.queue in self.queues]
 
     def backlog(self, now: float) -> tuple[int, float | None]:
-        """(ready jobs, p95 wait of recently started jobs) across the served queues.
+        """(ready jobs, p95 wait of recently started jobs) across the served queues. Ready
+        jobs that a limit holds back are left out: more children would not start them
+        (no scale-out into a cap).
 
         :param now: server epoch seconds
         """
@@ -215,7 +217,17 @@ class SignalReader:
                     parts = name.decode().rsplit("|", 2)
                     if len(parts) == 3 and parts[1] == "w" and parts[2].isdigit():
                         bins[int(parts[2])] += int(value)
-        return ready, p95_from_bins(dict(bins))
+        return max(0, ready - self._held()), p95_from_bins(dict(bins))
+
+    def _held(self) -> int:
+        from ..monitor.flow import read_flow
+
+        held = 0
+        for queue in self.queues:
+            k = self.app.keys(queue)
+            if self.app.redis.exists(k.limits, k.paused):
+                held += read_flow(self.app.redis, k).held
+        return held
 
     def idle(self) -> bool:
         """Every served task type is idle by its own threshold (monitor.is_idle)."""

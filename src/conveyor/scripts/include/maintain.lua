@@ -1,6 +1,8 @@
 -- Housekeeping that every fetch does first, so no separate reaper or scheduler is needed:
 -- promote delayed jobs that have come due, and reclaim leases whose deadline has passed.
+--@include clock
 --@include finish
+--@include flow
 --@include metrics
 --@include ready
 --@include records
@@ -47,20 +49,28 @@ local function cancel_lapsed(k, cfg, now, id, r)
   hand_over(k.job_prefix, id, now)
 end
 
--- Set every task's active count to the number of leased jobs whose record says it is
--- active. Only needed when a leased job's record vanished or was changed by hand (so which
--- count it holds is unknown): O(leases), on that rare path only.
+-- Set every task's active count, and the running counts of flow control (the queue's and
+-- each tenant's), to what the leased jobs' records say. Only needed when a leased job's
+-- record vanished or was changed by hand (so which counts it holds is unknown):
+-- O(leases), on that rare path only.
 local function recount_active(k)
-  local counts = {}
+  local counts, tenants, running = {}, {}, 0
   for _, id in ipairs(redis.call('ZRANGE', k.leases, 0, -1)) do
-    local f = redis.call('HMGET', k.job_prefix .. id, 'state', 'task')
-    if f[1] == 'active' then counts[f[2] or ''] = (counts[f[2] or ''] or 0) + 1 end
+    local f = redis.call('HMGET', k.job_prefix .. id, 'state', 'task', 'tenant')
+    if f[1] == 'active' then
+      counts[f[2] or ''] = (counts[f[2] or ''] or 0) + 1
+      running = running + 1
+      if f[3] and f[3] ~= '' then tenants[f[3]] = (tenants[f[3]] or 0) + 1 end
+    end
   end
   for _, task in ipairs(redis.call('HKEYS', k.active)) do
     redis.call('HSET', k.active, task, counts[task] or 0)
     counts[task] = nil
   end
   for task, n in pairs(counts) do redis.call('HSET', k.active, task, n) end
+  redis.call('HSET', k.counts, 'running', running)
+  redis.call('DEL', k.running)
+  for tenant, n in pairs(tenants) do redis.call('HSET', k.running, tenant, n) end
 end
 
 -- A leased job whose record no longer says 'active' was changed by something other than
@@ -90,9 +100,11 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
     local r = read_record(key)
     if r.state == 'active' and r.cancel then
       if release_active(k.active, r.task) then recount = true end
+      flow_ended(k, 1, { [r.tenant or ''] = 1 })
       cancel_lapsed(k, cfg, now, id, r)
     elseif r.state == 'active' then
       if release_active(k.active, r.task) then recount = true end
+      flow_ended(k, 1, { [r.tenant or ''] = 1 })
       count(tally, r.task, 'failed', 1)
       local attempts = r.attempts or '1'
       local err = 'lease expired: the worker died or stalled (attempt ' .. attempts .. ')'

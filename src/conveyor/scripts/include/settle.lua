@@ -1,5 +1,8 @@
 -- The ends of a run that `finish` records, one function per outcome. Each writes the job
 -- record only; the caller releases the lease and the active slot for the whole batch.
+--@include clock
+--@include finish
+--@include flow
 
 -- What a run's report becomes: a job being cancelled ends cancelled whatever its run says
 -- (f[11] is the cancel reason); a retry with no attempt left, or a snooze past the cap, is
@@ -46,3 +49,27 @@ local function settle_dead(key, payload, started_at, now_s)
   redis.call('HSET', key, 'state', 'dead', 'token', '', 'error', payload,
     'started_at', started_at, 'finished_at', now_s)
 end
+
+-- The first outcome of a finish call's ARGV that is no known kind, or nil.
+local FINISH_OUTCOMES = { ok = 1, retry = 1, dead = 1, snooze = 1, cancelled = 1 }
+local function unknown_outcome(argv, first, fields, n)
+  for i = 0, n - 1 do
+    local outcome = argv[first + i * fields + 2]
+    if not FINISH_OUTCOMES[outcome] then return tostring(outcome) end
+  end
+  return nil
+end
+
+-- What the runs that a finish call ended give back, once per batch: their leases, the
+-- active count of each task, the running counts of flow control; and the tasks' idle time.
+local function end_runs(k, done_leases, done_tasks, done_tenants, now_s)
+  for i = 1, #done_leases, 500 do
+    redis.call('ZREM', k.leases, unpack(done_leases, i, math.min(i + 499, #done_leases)))
+  end
+  for task, finished in pairs(done_tasks) do
+    release_active(k.active, task, finished)
+    redis.call('HSET', k.idle, task, now_s)
+  end
+  flow_ended(k.flow, #done_leases, done_tenants)
+end
+

@@ -4,6 +4,8 @@
 -- field per parent that ended: '' when the parent succeeded, else the reason its
 -- 'succeeded' children are cancelled. HSETNX on that hash makes a repeated hand-over of
 -- the same parent a no-op; only a record still waiting ('wfw' present) is ever released.
+--@include clock
+--@include ready
 
 -- Leave the waiting state cancelled, and queue the node's own hand-over so that its
 -- children learn of it (the cancellation cascades, slot by slot, through the outboxes).

@@ -1,0 +1,35 @@
+-- Jobs enqueued with a key: dedupe (one unfinished job per key), debounce (the pending job
+-- moves later and takes the latest arguments) and throttle (the key stays taken for a
+-- window from the first enqueue, even after that job finished).
+--@include clock
+
+-- The job an enqueue with `key` returns instead of creating one, or nil to create one.
+-- k: { job_prefix, dedupe_prefix, throttle_prefix, delayed }; o: { key, args, now,
+-- debounce_ms, throttle } (debounce_ms nil when the enqueue does not debounce).
+local function keyed_existing(k, o)
+  if o.throttle then
+    local held = redis.call('GET', k.throttle_prefix .. o.key)
+    if held then return held end
+  end
+  local existing = redis.call('GET', k.dedupe_prefix .. o.key)
+  if not existing or redis.call('EXISTS', k.job_prefix .. existing) == 0 then return nil end
+  if not o.debounce_ms then return existing end
+  local job = k.job_prefix .. existing
+  local f = redis.call('HMGET', job, 'state', 'debounce_until')
+  -- A debounced job that has started (or is ready) is left alone: a new one is made.
+  if f[1] ~= 'scheduled' then return nil end
+  local due = o.now + o.debounce_ms
+  local bound = tonumber(f[2])
+  if bound and bound < due then due = bound end
+  redis.call('HSET', job, 'args', o.args, 'run_at', seconds(due))
+  redis.call('ZADD', k.delayed, due, existing)
+  return existing
+end
+
+-- After creating a keyed job: the key points at it (and, throttled, for `throttle_ms`).
+local function keyed_created(k, key, id, throttle_ms)
+  redis.call('SET', k.dedupe_prefix .. key, id)
+  if throttle_ms then
+    redis.call('SET', k.throttle_prefix .. key, id, 'PX', math.max(1, math.floor(throttle_ms)))
+  end
+end
