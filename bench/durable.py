@@ -7,40 +7,13 @@ figures and the ratios. Run: ``python -m bench.durable [N]``.
 
 from __future__ import annotations
 
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
-import redis
-
 import conveyor
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _server(*extra: str) -> tuple[subprocess.Popen[bytes], int, str]:
-    port, folder = _port(), tempfile.mkdtemp(prefix="conveyor-bench-")
-    process = subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--dir", folder,
-         "--appendonly", "yes", "--appendfsync", "always", "--save", "", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.exceptions.ConnectionError:
-            time.sleep(0.05)
-    return process, port, folder
+from bench.peers.redis_server import DURABLE, private_redis
 
 
 def _time(calls: int, fn: object) -> list[float]:
@@ -53,13 +26,11 @@ def _time(calls: int, fn: object) -> list[float]:
 
 
 def main(n: int = 2000) -> None:
-    primary, pport, pdir = _server()
-    replica, rport, rdir = _server("--replicaof", "127.0.0.1", str(pport))
-    try:
-        link = redis.Redis(port=rport)
-        while link.info("replication").get("master_link_status") != "up":
+    with private_redis(*DURABLE) as primary, \
+            private_redis(*DURABLE, "--replicaof", "127.0.0.1", str(primary.port)) as replica:
+        while replica.info("replication").get("master_link_status") != "up":
             time.sleep(0.05)
-        app = conveyor.Conveyor(f"redis://127.0.0.1:{pport}/0", namespace=uuid.uuid4().hex[:8])
+        app = conveyor.Conveyor(primary.url, namespace=uuid.uuid4().hex[:8])
         task = app.task(name="bench.noop", queue="q")(lambda n: n)
         task.enqueue(0)
         rows = []
@@ -74,11 +45,6 @@ def main(n: int = 2000) -> None:
         print(f"durable/plain: p50 x{rows[1][1] / rows[0][1]:.2f}, bulk throughput"
               f" x{rows[1][3] / rows[0][3]:.2f}")
         app.close()
-    finally:
-        for process, folder in ((replica, rdir), (primary, pdir)):
-            process.kill()
-            process.wait()
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

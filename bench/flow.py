@@ -16,43 +16,19 @@ On a private redis-server (no persistence, loopback):
 
 from __future__ import annotations
 
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-import redis
-
 import conveyor
+from bench.peers.redis_server import private_redis
 from conveyor.scripts import calls
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 KEPT_MARK = "<!-- kept: the sections below survive a regeneration by bench.peers -->"
 SECTION = "## Flow control (`python -m bench.flow`)"
-
-
-def _server() -> tuple[subprocess.Popen[bytes], str, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    folder = tempfile.mkdtemp(prefix="conveyor-bench-flow-")
-    process = subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--dir", folder,
-         "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    for _ in range(200):
-        try:
-            client.ping()
-            break
-        except redis.exceptions.ConnectionError:
-            time.sleep(0.05)
-    return process, f"redis://127.0.0.1:{port}/0", folder
 
 
 def _app(url: str) -> conveyor.Conveyor:
@@ -132,8 +108,8 @@ def claim_cost(url: str, tenants: int, fetches: int = 500) -> float:
 
 
 def measure(n: int) -> list[str]:
-    process, url, folder = _server()
-    try:
+    with private_redis() as server:
+        url = server.url
         plains, limiteds = [], []
         for _ in range(5):  # interleaved: the machine's load changes between runs
             plains.append(drain_rate(url, n, False))
@@ -159,10 +135,6 @@ def measure(n: int) -> list[str]:
         for tenants in (1, 100, 10_000):
             lines.append(f"| {tenants:,} | {claim_cost(url, tenants) * 1e6:,.0f} us |")
         return lines
-    finally:
-        process.kill()
-        process.wait()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def write(lines: list[str]) -> None:

@@ -18,12 +18,9 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -31,6 +28,7 @@ from pathlib import Path
 import redis
 
 import conveyor
+from bench.peers.redis_server import DURABLE, RedisServer, private_redis
 
 
 def make_app(url: str | None, namespace: str) -> conveyor.Conveyor:
@@ -67,28 +65,6 @@ def make_app(url: str | None, namespace: str) -> conveyor.Conveyor:
 
 app = make_app(os.environ.get("CONVEYOR_REDIS_URL"),
                os.environ.get("BENCH_NAMESPACE", "bench-running"))
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _server() -> tuple[subprocess.Popen[bytes], int, str]:
-    port, folder = _port(), tempfile.mkdtemp(prefix="conveyor-bench-")
-    process = subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--dir", folder,
-         "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.exceptions.ConnectionError:
-            time.sleep(0.05)
-    return process, port, folder
 
 
 def _wait(condition: object, timeout: float, pause: float = 0.002) -> bool:
@@ -152,17 +128,20 @@ def progress_cost(bench: conveyor.Conveyor, server: redis.Redis, jobs: int,
 
 
 def main(n: int = 100, jobs: int = 200, seconds: float = 3.0) -> None:
-    process, port, folder = _server()
+    with private_redis(*DURABLE) as server:
+        _measure(server, n, jobs, seconds)
+
+
+def _measure(server: RedisServer, n: int, jobs: int, seconds: float) -> None:
     namespace = f"bench{uuid.uuid4().hex[:8]}"
-    url = f"redis://127.0.0.1:{port}/0"
-    env = dict(os.environ, CONVEYOR_REDIS_URL=url, BENCH_NAMESPACE=namespace)
+    env = dict(os.environ, CONVEYOR_REDIS_URL=server.url, BENCH_NAMESPACE=namespace)
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     log = open(os.devnull, "wb")  # noqa: SIM115 - closed in finally
     worker = subprocess.Popen([sys.executable, "-m", "conveyor", "worker",
                                "bench.running_jobs:app", "-q", "bench", "-c", str(jobs)],
                               env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT)
-    bench = make_app(url, namespace)
+    bench = make_app(server.url, namespace)
     try:
         took = cancel_latency(bench, n)
         print(f"cancel latency over {n} cancels of running jobs (half async, half sync),"
@@ -170,15 +149,12 @@ def main(n: int = 100, jobs: int = 200, seconds: float = 3.0) -> None:
         print(f"  p50 {_percentile(took, 0.5) * 1000:.0f} ms, p99 "
               f"{_percentile(took, 0.99) * 1000:.0f} ms, worst {max(took) * 1000:.0f} ms,"
               f" mean {statistics.mean(took) * 1000:.0f} ms")
-        progress_cost(bench, redis.Redis(port=port), jobs, seconds)
+        progress_cost(bench, server.client, jobs, seconds)
     finally:
         worker.terminate()
         worker.wait(30)
         log.close()
         bench.close()
-        process.terminate()
-        process.wait(10)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

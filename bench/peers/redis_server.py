@@ -74,9 +74,17 @@ def _wait_ready(client: redis.Redis, proc: subprocess.Popen[bytes], timeout: flo
     raise RuntimeError("redis-server did not answer PING in time")
 
 
+DURABLE = ("--appendonly", "yes", "--appendfsync", "always")  # the settings conveyor promises under
+
+
 @contextlib.contextmanager
-def private_redis(timeout: float = 10.0) -> Iterator[RedisServer]:
-    """Start a server, yield it, and always stop it and remove its folder."""
+def private_redis(*extra: str, timeout: float = 10.0) -> Iterator[RedisServer]:
+    """Start a server, yield it, and always stop it and remove its folder.
+
+    :param extra: more ``redis-server`` arguments; a later one wins over the defaults
+        (:data:`DURABLE` turns the append-only file on, ``"--replicaof", host, port`` makes
+        a replica)
+    """
     workdir = Path(tempfile.mkdtemp(prefix="bench-redis-"))
     port = free_port()
     cmd = [
@@ -93,6 +101,7 @@ def private_redis(timeout: float = 10.0) -> Iterator[RedisServer]:
         "no",
         "--logfile",
         str(workdir / "redis.log"),
+        *extra,
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = RedisServer(port, workdir, proc)
