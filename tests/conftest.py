@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 import conveyor
-from helpers import RedisServer
+from helpers import RedisCluster, RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +49,19 @@ def app(redis_server: RedisServer, namespace: str) -> Iterator[conveyor.Conveyor
 def _no_env_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CONVEYOR_REDIS_URL", raising=False)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    """A real 3-node Redis Cluster, one per test module that asks for it."""
+    made = RedisCluster().start()
+    yield made
+    made.cleanup()
+
+
+@pytest.fixture
+def capp(cluster: RedisCluster) -> Iterator[conveyor.Conveyor]:
+    """An app on the module's cluster, with a namespace of its own."""
+    application = conveyor.Conveyor(cluster.url, namespace=f"t{uuid.uuid4().hex[:10]}")
+    yield application
+    application.close()

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,20 +21,6 @@ import conveyor
 from conveyor import clients
 from conveyor.worker import wake
 from helpers import RedisCluster, running_worker, wait_until
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisCluster]:
-    made = RedisCluster().start()
-    yield made
-    made.cleanup()
-
-
-@pytest.fixture
-def capp(cluster: RedisCluster) -> Iterator[conveyor.Conveyor]:
-    application = conveyor.Conveyor(cluster.url, namespace=f"t{uuid.uuid4().hex[:10]}")
-    yield application
-    application.close()
 
 
 def spread_queues(app: conveyor.Conveyor, cluster: RedisCluster) -> list[str]:

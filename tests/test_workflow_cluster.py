@@ -3,28 +3,11 @@ different primaries, so every hand-over crosses nodes (no script spans two slots
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
 import pytest
 
 import conveyor
 from helpers import RedisCluster, running_worker
 from test_cluster import spread_queues
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisCluster]:
-    made = RedisCluster().start()
-    yield made
-    made.cleanup()
-
-
-@pytest.fixture
-def capp(cluster: RedisCluster) -> Iterator[conveyor.Conveyor]:
-    application = conveyor.Conveyor(cluster.url, namespace=f"t{uuid.uuid4().hex[:10]}")
-    yield application
-    application.close()
 
 
 def test_nodes_on_three_queues_of_three_primaries(
