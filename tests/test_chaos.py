@@ -144,6 +144,19 @@ def test_checker_fails_on_a_workflow_job_started_before_its_parent() -> None:
     assert failed(check(ev)[0]) == {"workflow jobs start only after their parents completed"}
 
 
+def test_checker_counts_workflow_jobs_below_a_cancelled_one_as_cancelled() -> None:
+    ev = healthy()
+    ev.jobs[1] = dataclasses.replace(ev.jobs[1], state="cancelled", error="parent cancelled")
+    ev.edges = [("work:1", "work:2")]
+    name = "cancelled exactly the jobs whose cancel returned True"
+    assert name in failed(check(ev)[0])  # nothing above work:2 was cancelled
+    ev.jobs[0] = dataclasses.replace(ev.jobs[0], state="cancelled")
+    ev.cancelled = {"work:1"}
+    assert name not in failed(check(ev)[0])  # cancelled with its parent
+    ev.jobs[1] = dataclasses.replace(ev.jobs[1], state="succeeded")
+    assert name in failed(check(ev)[0])  # its parent was cancelled, yet it ran
+
+
 def test_checker_fails_on_a_leaked_running_count() -> None:
     ev = healthy()
     ev.counters = dataclasses.replace(ev.counters, running=1, running_tenants={"t1": 1})

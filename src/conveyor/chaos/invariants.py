@@ -135,6 +135,22 @@ def _describe(j: JobRecord) -> str:
     return f"{j.label} ({j.id}) {j.state or 'missing'} after {j.attempts} attempt(s)"
 
 
+def _descendants(edges: Iterable[tuple[str, str]], roots: set[str]) -> set[str]:
+    """The workflow jobs below ``roots``: a cancelled job cancels them (the run's workflow
+    jobs run only after their parents succeeded)."""
+    children: dict[str, list[str]] = {}
+    for parent, child in edges:
+        children.setdefault(parent, []).append(child)
+    found: set[str] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def _outcomes(ev: Evidence) -> list[Check]:
     unfinished = [_describe(j) for j in ev.jobs if j.state not in FINAL]
     dead_work = [f"{_describe(j)}: {j.error}" for j in ev.jobs
@@ -142,9 +158,11 @@ def _outcomes(ev: Evidence) -> list[Check]:
     no_reason = [_describe(j) for j in ev.jobs if j.state == "dead" and not j.error]
     alive_poison = [_describe(j) for j in ev.jobs
                     if j.kind != "work" and j.state in FINAL and j.state != "dead"]
+    cancelled = ev.cancelled | _descendants(ev.edges, ev.cancelled)
+    unknown = ev.cancel_unknown | _descendants(ev.edges, ev.cancel_unknown)
     wrong_cancel = [_describe(j) for j in ev.jobs
-                    if j.label not in ev.cancel_unknown
-                    and (j.label in ev.cancelled) != (j.state == "cancelled")]
+                    if j.label not in unknown
+                    and (j.label in cancelled) != (j.state == "cancelled")]
     return [
         _verdict("every job ends succeeded, dead or cancelled", unfinished,
                  f"all {len(ev.jobs)} jobs final"),
