@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 import conveyor
 from conveyor.scripts import calls
-from conveyor.sink import Sink
+from conveyor.sink import Sink, schema
 from conveyor.sink.report import parse_since, report
 from conveyor.sink.schema import jobs_table, row_from_event
 from helpers import running_worker, wait_until
@@ -279,4 +279,31 @@ def test_a_table_made_before_trace_ids_gets_the_column(
         if backend == "postgresql":
             with engine.begin() as conn:
                 conn.execute(sa.text(f"DROP TABLE {table_name}"))
+        engine.dispose()
+
+
+def test_two_sinks_upgrading_at_once_do_not_fail(
+    app: conveyor.Conveyor, tmp_path: Path, table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race: another sink adds the column between this one's look and its ALTER TABLE.
+    db = f"sqlite:///{tmp_path / 'race.db'}"
+    engine = sa.create_engine(db)
+    old_table(table_name).create(engine)
+    first = Sink(app, db, table=table_name, queues=["default"])
+    looked = schema.missing_columns
+
+    def stale_look(conn: sa.Connection, table: sa.Table) -> list[str]:
+        missing = looked(conn, table)
+        monkeypatch.setattr(schema, "missing_columns", looked)
+        with engine.begin() as other:  # the other sink wins the race
+            schema.add_missing_columns(other, table)
+        return missing
+
+    monkeypatch.setattr(schema, "missing_columns", stale_look)
+    try:
+        first.step(block=False)  # its ALTER TABLE fails; the column is there: no error
+        assert "trace_id" in {c["name"] for c in sa.inspect(engine).get_columns(table_name)}
+        assert schema.missing_columns is looked  # the race did happen
+    finally:
+        first.close()
         engine.dispose()
