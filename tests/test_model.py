@@ -108,6 +108,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.tenant_rate: float | None = None  # every tenant's
         self.buckets: dict[str, tuple[float, float]] = {}  # '' queue, tenant -> (tokens, ms)
         self.pending: list[str] = []  # workflow nodes that ended, not yet handed over
+        self.traces: dict[str, str] = {}  # short id -> trace id of its enqueue ('' untraced)
 
     def teardown(self) -> None:
         self.app.close()
@@ -129,13 +130,14 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(task=st.sampled_from(TASKS), priority=st.integers(0, 9),
           tenant=st.sampled_from(["", "t1", "t2"]), delay=st.sampled_from([0, 0, 500, 3000]),
           attempts=st.integers(1, 3), n=st.integers(1, 3),
-          key=st.sampled_from(["", "", "k1", "k2"]))
+          key=st.sampled_from(["", "", "k1", "k2"]), traced=st.booleans())
     def enqueue(self, task: str, priority: int, tenant: str, delay: int, attempts: int,
-                n: int, key: str) -> None:
+                n: int, key: str, traced: bool) -> None:
         if key:
             n = 1  # a dedupe key names one job
+        trace = f"{self.serial + 1:032x}" if traced else ""  # one per call, like a span's
         spec = calls.JobSpec(task, priority, tenant, float(delay) if delay else None, None,
-                             attempts, key, VT)
+                             attempts, key, VT, trace=trace)
         batch = []
         for _ in range(n):
             self.serial += 1
@@ -147,6 +149,7 @@ class QueueMachine(RuleBasedStateMachine):
             return
         assert stored == [(short_id, True) for short_id, _ in batch]
         for short_id, _ in batch:
+            self.traces[short_id] = trace
             self.jobs[short_id] = Model("scheduled" if delay else "ready", task, priority,
                                         attempts, tenant, due=self.now + delay, key=key)
         if key:
@@ -474,11 +477,12 @@ class QueueMachine(RuleBasedStateMachine):
         redis = self.app.redis
         with redis.pipeline(transaction=False) as pipe:
             for short_id in self.jobs:
-                pipe.hmget(self.k.job(short_id), "state", "attempts", "progress", "step:s1",
-                           "step:s2")
+                pipe.hmget(self.k.job(short_id), "state", "attempts", "progress", "tr",
+                           "step:s1", "step:s2")
             records = pipe.execute()
         for (short_id, model), record in zip(self.jobs.items(), records, strict=True):
-            state, attempts, progress, *steps = record
+            state, attempts, progress, trace, *steps = record
+            assert (trace or b"").decode() == self.traces.get(short_id, ""), short_id
             assert (state or b"").decode() == model.state, (short_id, model)
             assert int(attempts or 0) == model.attempts, (short_id, model)
             assert (None if progress is None else float(progress)) == model.progress
@@ -499,6 +503,10 @@ class QueueMachine(RuleBasedStateMachine):
             recorded = {f.decode().split("~")[1] for f in redis.hkeys(self.k.waiting(short_id))}
             assert recorded == set(self.jobs[short_id].recorded), short_id
         assert members["dead"] == by_state.get("dead", set())
+        # Every finished job's event carries the trace id its enqueue call was given.
+        for _, event in redis.xrange(self.k.events):
+            short_id = event[b"id"].decode()
+            assert event.get(b"trace", b"").decode() == self.traces.get(short_id, ""), short_id
         assert int(redis.hget(self.k.counts, "ready") or 0) == len(by_state.get("ready", ()))
         for key in ("k1", "k2"):
             holder = redis.get(self.k.dedupe_prefix + key)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -21,6 +22,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import conveyor
 from conveyor import testing
 from conveyor.contrib.otel import instrument, uninstrument
+from conveyor.keys import split_job_id
 from helpers import RedisServer, env_with_src, running_worker, wait_until
 
 
@@ -121,6 +123,60 @@ def test_retries_and_delayed_runs_link_without_parent(
     assert run_later.parent is None
     assert [link.context.trace_id for link in run_later.links] == [
         enqueue_later.context.trace_id]
+
+
+def test_the_enqueue_trace_id_reaches_the_sink_rows(
+    app: conveyor.Conveyor, spans: tuple[TracerProvider, InMemorySpanExporter], tmp_path: Path
+) -> None:
+    provider, exporter = spans
+
+    @app.task(name="otel.sum", queue="sunk")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    @app.task(name="otel.dies", queue="sunk", retries=1, backoff=0.01)
+    def dies() -> None:
+        raise RuntimeError("never works")
+
+    instrument(app, tracer_provider=provider)
+    with provider.get_tracer("test").start_as_current_span("POST /orders"):
+        one = add.enqueue(1, 2)
+    batch = add.enqueue_many([(i, i) for i in range(3)])  # one call: one producer span
+    doomed = dies.enqueue()
+    uninstrument(app)
+    plain = add.enqueue(5, 5)
+    jobs = [one, *batch, doomed, plain]
+    with running_worker(app, queues=["sunk"], concurrency=4):
+        wait_until(lambda: all(j.info().state.finished for j in jobs), 30, message="jobs done")
+    # Only the record carries the trace id; the payload's meta does not.
+    payload = app.redis.hget(app.keys("sunk").job(split_job_id(one.id)[1]), "args")
+    assert payload is not None and "conveyor.trace_id" not in app.codec.decode_meta(payload)
+    assert app.redis.hget(app.keys("sunk").job(split_job_id(plain.id)[1]), "tr") is None
+
+    db = f"sqlite:///{tmp_path / 'jobs.db'}"
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("conveyor")), "sink", "--db", db, "--until-idle",
+         "--url", app.url, "--namespace", app.namespace],
+        env=env_with_src(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    engine = sa.create_engine(db)
+    with engine.connect() as conn:
+        rows = [(r.job_id, r.state, r.attempt, r.trace_id) for r in conn.execute(sa.text(
+            "SELECT job_id, state, attempt, trace_id FROM conveyor_jobs"))]
+    engine.dispose()
+    trace_of = {r[0]: r[3] for r in rows}
+
+    def trace_id(span: ReadableSpan) -> str:
+        assert span.context is not None
+        return trace.format_trace_id(span.context.trace_id)
+
+    single, many = named(exporter, "enqueue otel.sum")
+    [dying] = named(exporter, "enqueue otel.dies")
+    assert len(rows) == 6
+    assert trace_of[one.id] == trace_id(single)
+    assert {trace_of[j.id] for j in batch} == {trace_id(many)} != {trace_id(single)}
+    assert (doomed.id, "dead", 2, trace_id(dying)) in rows  # its retry kept the enqueue's
+    assert trace_of[plain.id] is None  # enqueued without instrumentation: NULL
 
 
 def test_batches_inline_runs_and_uninstrument(

@@ -234,3 +234,49 @@ def test_active_counter_never_negative_after_manual_delete(app: conveyor.Conveyo
     finish(app, calls.Outcome("a", job.token, "ok", 0.0, b"1"))
     assert app.monitor.active("t") == 0
     assert int(app.redis.hget(app.keys(Q).active, "t")) == 0
+
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def events(app: conveyor.Conveyor) -> dict[str, dict[bytes, bytes]]:
+    """The queue's finished-job events by short id."""
+    return {f[b"id"].decode(): f for _, f in app.redis.xrange(app.keys(Q).events)}
+
+
+def test_trace_id_is_stored_only_when_given_and_validated(app: conveyor.Conveyor) -> None:
+    with pytest.raises(redis.ResponseError, match="trace must be empty or 32 hex digits"):
+        enqueue(app, new("bad", trace="not-a-trace"))
+    with pytest.raises(redis.ResponseError, match="trace must be empty or 32 hex digits"):
+        enqueue(app, new("bad", trace=TRACE + "0"))
+    assert app.redis.keys(f"*{app.namespace}*") == []  # refused before any write
+    enqueue(app, new("traced", trace=TRACE), new("plain"))
+    k = app.keys(Q)
+    assert app.redis.hget(k.job("traced"), "tr") == TRACE.encode()
+    assert not app.redis.hexists(k.job("plain"), "tr")  # nothing stored without tracing
+
+
+def test_every_finished_event_carries_the_trace_id(app: conveyor.Conveyor) -> None:
+    # finish: succeeded, and dead after its last attempt failed (the trace of the enqueue
+    # is the job's, whatever attempt ends it); plain jobs' events have no trace field.
+    enqueue(app, new("ok", trace=TRACE), new("fails", trace=TRACE, max_attempts=1),
+            new("plain"), now=0)
+    leased = {j.short_id: j for j in fetch(app, now=0).jobs}
+    finish(app, calls.Outcome("ok", leased["ok"].token, "ok", 0.0, b"1"),
+           calls.Outcome("fails", leased["fails"].token, "retry", 0.0, "boom"),
+           calls.Outcome("plain", leased["plain"].token, "ok", 0.0, b"1"), now=100)
+    # dead_letter: a lost lease on the last attempt; cancel_lapsed: a running job whose
+    # holder died after it was asked to cancel.
+    enqueue(app, new("lost", trace=TRACE, visibility_ms=10, max_attempts=1),
+            new("lapsed", trace=TRACE, visibility_ms=10), now=200)
+    fetch(app, now=200)
+    assert app.scripts.run(calls.cancel(app.keys(Q), "lapsed", app.limits, now=201)) == "active"
+    got = fetch(app, now=1000)
+    assert got.dead == ["lost"]
+    seen = events(app)
+    assert {s: f[b"state"] for s, f in seen.items()} == {
+        "ok": b"succeeded", "fails": b"dead", "plain": b"succeeded", "lost": b"dead",
+        "lapsed": b"cancelled"}
+    for short in ("ok", "fails", "lost", "lapsed"):
+        assert seen[short][b"trace"] == TRACE.encode(), short
+    assert b"trace" not in seen["plain"]

@@ -12,9 +12,10 @@ import pytest
 import sqlalchemy as sa
 
 import conveyor
-from conveyor.sink import Sink
+from conveyor.scripts import calls
+from conveyor.sink import Sink, schema
 from conveyor.sink.report import parse_since, report
-from conveyor.sink.schema import row_from_event
+from conveyor.sink.schema import jobs_table, row_from_event
 from helpers import running_worker, wait_until
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
@@ -219,3 +220,90 @@ def test_parse_since() -> None:
     assert parse_since("2026-01-01", 0) == 1767225600.0
     with pytest.raises(ValueError):
         parse_since("last tuesday", 0)
+
+
+def test_row_from_event_reads_the_trace_id() -> None:
+    fields = {b"id": b"a", b"task": b"t", b"state": b"succeeded", b"attempts": b"1",
+              b"finished_at": b"10.0"}
+    assert row_from_event("q", "1-0", fields)["trace_id"] is None
+    fields[b"trace"] = b"4bf92f3577b34da6a3ce929d0e0e4736"
+    assert row_from_event("q", "1-0", fields)["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def old_table(name: str) -> sa.Table:
+    """The table as a version without trace ids created it."""
+    new = jobs_table(sa.MetaData(), name)
+    return sa.Table(name, sa.MetaData(), *(
+        sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+        for c in new.c if c.name != "trace_id"))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_table_made_before_trace_ids_gets_the_column(
+    app: conveyor.Conveyor, tmp_path: Path, table_name: str, backend: str
+) -> None:
+    if backend == "postgresql" and not postgres_up():
+        pytest.skip("no PostgreSQL on 127.0.0.1:5432")
+    db = (f"sqlite:///{tmp_path / 'old.db'}" if backend == "sqlite"
+          else PG_URL.format(host=PG_HOST, port=PG_PORT))
+    engine = sa.create_engine(db)
+    old = old_table(table_name)
+    old.create(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(old), [{"job_id": "default~old", "attempt": 1,
+                                       "finished_at": 1.0, "queue": "default", "task": "t",
+                                       "state": "succeeded"}])
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    k = app.keys("default")
+    spec = calls.JobSpec(task="t", trace=trace_id)
+    app.scripts.run(calls.enqueue(k, spec, [("new", b"[[]]")], app.limits))
+    leased = app.scripts.run(calls.fetch(k, 1, app.limits)).jobs[0]
+    app.scripts.run(calls.finish(k, [calls.Outcome("new", leased.token, "ok", 0.0, b"1")],
+                                 app.limits))
+    # The first sink to start adds the column (and its index); a later one finds it there.
+    sinks = [Sink(app, db, table=table_name, queues=["default"], consumer=f"c{i}")
+             for i in range(2)]
+    try:
+        assert sinks[0].run(until_idle=True) == 1
+        assert sinks[1].run(until_idle=True) == 0
+        inspector = sa.inspect(engine)
+        assert "trace_id" in {c["name"] for c in inspector.get_columns(table_name)}
+        assert f"ix_{table_name}_trace" in {i["name"] for i in inspector.get_indexes(table_name)}
+        with engine.connect() as conn:
+            rows = {r.job_id: r.trace_id for r in conn.execute(sa.text(
+                f"SELECT job_id, trace_id FROM {table_name}"))}
+        assert rows == {"default~old": None, "default~new": trace_id}
+    finally:
+        for sink in sinks:
+            sink.close()
+        if backend == "postgresql":
+            with engine.begin() as conn:
+                conn.execute(sa.text(f"DROP TABLE {table_name}"))
+        engine.dispose()
+
+
+def test_two_sinks_upgrading_at_once_do_not_fail(
+    app: conveyor.Conveyor, tmp_path: Path, table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race: another sink adds the column between this one's look and its ALTER TABLE.
+    db = f"sqlite:///{tmp_path / 'race.db'}"
+    engine = sa.create_engine(db)
+    old_table(table_name).create(engine)
+    first = Sink(app, db, table=table_name, queues=["default"])
+    looked = schema.missing_columns
+
+    def stale_look(conn: sa.Connection, table: sa.Table) -> list[str]:
+        missing = looked(conn, table)
+        monkeypatch.setattr(schema, "missing_columns", looked)
+        with engine.begin() as other:  # the other sink wins the race
+            schema.add_missing_columns(other, table)
+        return missing
+
+    monkeypatch.setattr(schema, "missing_columns", stale_look)
+    try:
+        first.step(block=False)  # its ALTER TABLE fails; the column is there: no error
+        assert "trace_id" in {c["name"] for c in sa.inspect(engine).get_columns(table_name)}
+        assert schema.missing_columns is looked  # the race did happen
+    finally:
+        first.close()
+        engine.dispose()

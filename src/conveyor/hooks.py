@@ -7,6 +7,10 @@ arguments, so every attempt on every worker sees them); :meth:`Hook.run` wraps o
 attempt of one job in the worker, the task's call inside it, so an exception the task
 raises passes through the hook before the worker records it.
 
+One meta entry is not carried: a trace id (32 hex digits) written under :data:`TRACE_ID` is
+taken out of the meta and stored on the jobs' records instead, so that their finished
+events, and the SQL sink's rows, carry it (``trace_id``).
+
 Hooks are appended to :attr:`conveyor.Conveyor.hooks` (``conveyor.contrib.otel`` does
 so). An app without hooks pays one truth test per enqueue and per run.
 """
@@ -14,6 +18,7 @@ so). An app without hooks pays one truth test per enqueue and per run.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -25,6 +30,8 @@ if TYPE_CHECKING:
     from .app import Conveyor
     from .task import Task
 
+TRACE_ID = "conveyor.trace_id"  # meta entry: the call's trace id, for the records' events
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _NOTHING: AbstractContextManager[None] = nullcontext()
 _NO_META: AbstractContextManager[None] = nullcontext()
 
@@ -53,7 +60,8 @@ class Hook:
     def enqueue(self, task: Task[Any, Any], count: int, meta: dict[str, str]
                 ) -> AbstractContextManager[None]:
         """Wrap the storing of ``count`` jobs of ``task``; entries written into ``meta``
-        before the context is entered travel with each job."""
+        before the context is entered travel with each job (but :data:`TRACE_ID`'s: that
+        one is stored on the jobs' records, for their finished events)."""
         return _NOTHING
 
     def run(self, task: Task[Any, Any], attempt: Attempt) -> AbstractContextManager[None]:
@@ -78,6 +86,15 @@ def enqueueing(app: Conveyor, task: Task[Any, Any], count: int
     if not app.hooks:
         return _NO_META
     return _enqueue_hooks(app, task, count)
+
+
+def take_trace_id(meta: dict[str, str] | None) -> str:
+    """Remove the :data:`TRACE_ID` entry from ``meta`` and return it: the trace id as 32
+    lowercase hex digits, or '' when there is none or it is not one."""
+    if not meta:
+        return ""
+    trace_id = meta.pop(TRACE_ID, "")
+    return trace_id if _TRACE_ID.fullmatch(trace_id) and trace_id != "0" * 32 else ""
 
 
 @contextlib.contextmanager

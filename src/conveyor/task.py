@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Self, TypeVar
 
 from . import keys as keyspace
 from .errors import ConfigurationError
-from .hooks import enqueueing
+from .hooks import enqueueing, take_trace_id
 from .job import Job
 from .scripts import calls
 
@@ -237,6 +237,12 @@ class Task(Generic[P, R]):
             throttle_ms=None if o.throttle is None else o.throttle * 1000,
         )
 
+    def _call_spec(self, meta: dict[str, str] | None) -> calls.JobSpec:
+        """The spec of one enqueue call: the task's, with the call's trace id if a hook
+        gave one (taken out of ``meta``: call before encoding the jobs)."""
+        trace_id = take_trace_id(meta)
+        return self._spec()._replace(trace=trace_id) if trace_id else self._spec()
+
     def _new_job(self, args: Sequence[Any], kwargs: dict[str, Any],
                  meta: dict[str, str] | None = None) -> tuple[str, bytes]:
         return new_short_id(), self.app.codec.encode_args(self.name, tuple(args), kwargs, meta)
@@ -268,7 +274,8 @@ class Task(Generic[P, R]):
         :raises PayloadTooLarge: the encoded arguments are over the limit
         """
         with enqueueing(self.app, self, 1) as meta:
-            stored = self.app.store(self.queue, self._spec(), [self._new_job(args, kwargs, meta)],
+            spec = self._call_spec(meta)
+            stored = self.app.store(self.queue, spec, [self._new_job(args, kwargs, meta)],
                                     durable=self.job_options.durable)
         return self._jobs(stored)[0]
 
@@ -279,14 +286,16 @@ class Task(Generic[P, R]):
         if not items:
             return []
         with enqueueing(self.app, self, len(items)) as meta:
+            spec = self._call_spec(meta)
             jobs = self._batch(items, meta)
-            return self._jobs(self.app.store(self.queue, self._spec(), jobs,
+            return self._jobs(self.app.store(self.queue, spec, jobs,
                                              durable=self.job_options.durable))
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job[R]:
         """Async twin of :meth:`enqueue`."""
         with enqueueing(self.app, self, 1) as meta:
-            stored = await self.app.astore(self.queue, self._spec(),
+            spec = self._call_spec(meta)
+            stored = await self.app.astore(self.queue, spec,
                                            [self._new_job(args, kwargs, meta)],
                                            durable=self.job_options.durable)
         return self._jobs(stored)[0]
@@ -297,8 +306,9 @@ class Task(Generic[P, R]):
         if not items:
             return []
         with enqueueing(self.app, self, len(items)) as meta:
+            spec = self._call_spec(meta)
             jobs = self._batch(items, meta)
-            return self._jobs(await self.app.astore(self.queue, self._spec(), jobs,
+            return self._jobs(await self.app.astore(self.queue, spec, jobs,
                                                     durable=self.job_options.durable))
 
 

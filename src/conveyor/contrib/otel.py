@@ -12,7 +12,9 @@ own that *links* to the enqueue, since an hour-later run is not part of the requ
 asked for it. Attributes follow the messaging semantic conventions (``messaging.system``,
 ``messaging.operation.type``, ``messaging.destination.name``, ``messaging.message.id``),
 plus ``conveyor.task``, ``conveyor.job.attempt`` and ``conveyor.job.max_attempts``; an
-exception the task raises is recorded on the span, whose status becomes ERROR.
+exception the task raises is recorded on the span, whose status becomes ERROR. The enqueue
+span's trace id is also stored on each job's record, and the SQL sink (``conveyor sink``)
+writes it into the job's rows (``trace_id``): from a slow or failed job in SQL to its trace.
 
 Call :func:`instrument` where the app is defined, so that the producer (a web process)
 and the workers (which import the same module) are both instrumented.
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context, propagate, trace
 
 from .. import __version__
-from ..hooks import Attempt, Hook
+from ..hooks import TRACE_ID, Attempt, Hook
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -60,8 +62,11 @@ class ConveyorTracing(Hook):
             attributes["messaging.batch.message_count"] = count
         with self.tracer.start_as_current_span(
             f"enqueue {task.name}", kind=trace.SpanKind.PRODUCER, attributes=attributes,
-        ):
+        ) as span:
             propagate.inject(meta)
+            span_context = span.get_span_context()
+            if span_context.is_valid:
+                meta[TRACE_ID] = trace.format_trace_id(span_context.trace_id)
             options = task.job_options
             if options.delay is not None or options.at is not None:
                 meta[DELAYED] = "1"

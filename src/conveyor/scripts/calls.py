@@ -46,7 +46,8 @@ KEYS: dict[str, tuple[str, ...]] = {
 ARGV: dict[str, tuple[str, ...]] = {
     "enqueue": ("now", "bucket_seconds", "bucket_ttl", "claim", "claim_tick", "claim_mode",
                 "task", "priority", "tenant", "delay_ms", "at_ms", "max_attempts", "key",
-                "visibility_ms", "debounce_ms", "debounce_max_ms", "throttle_ms", "count"),
+                "visibility_ms", "debounce_ms", "debounce_max_ms", "throttle_ms", "trace",
+                "count"),
     "fetch": ("now", "count", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
               "nonce"),
     "finish": ("now", "retention", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
@@ -99,7 +100,8 @@ def _text(value: Any) -> str:
 
 
 class JobSpec(NamedTuple):
-    """What every job of one enqueue call shares: its task and its options."""
+    """What every job of one enqueue call shares: its task, its options, and the trace id
+    of the call (32 hex digits, '' when not traced) that the sink's rows carry."""
 
     task: str
     priority: int = 5
@@ -112,12 +114,13 @@ class JobSpec(NamedTuple):
     debounce_ms: float | None = None
     debounce_max_ms: float | None = None
     throttle_ms: float | None = None
+    trace: str = ""
 
     def fields(self) -> tuple[Arg, ...]:
         return (
             self.task, self.priority, self.tenant, _opt(self.delay_ms), _opt(self.at_ms),
             self.max_attempts, self.key, self.visibility_ms, _opt(self.debounce_ms),
-            _opt(self.debounce_max_ms), _opt(self.throttle_ms),
+            _opt(self.debounce_max_ms), _opt(self.throttle_ms), self.trace,
         )
 
 

@@ -32,7 +32,8 @@
 -- ARGV[15] debounce_ms    '' or: with a key, run once this long after the latest enqueue
 -- ARGV[16] debounce_max_ms '' or: ... but no later than this long after the first one
 -- ARGV[17] throttle_ms    '' or: with a key, the key stays taken this long from the first
--- ARGV[18] count          number of jobs that follow, 2 fields each: short id, args
+-- ARGV[18] trace          '' or the trace id (32 hex chars) of the call, for the sink
+-- ARGV[19] count          number of jobs that follow, 2 fields each: short id, args
 -- Returns: the number of jobs stored (all of them); or, when a held dedupe key or a taken
 --          claim stops it, a list: { short id of the job holding the key, 0 } or {}
 --@include clock
@@ -50,8 +51,8 @@ local task, priority, tenant = ARGV[7], tonumber(ARGV[8]), ARGV[9]
 local delay_ms, at_ms, max_attempts = ARGV[10], ARGV[11], tonumber(ARGV[12])
 local key, visibility_ms = ARGV[13], tonumber(ARGV[14])
 local debounce_ms, debounce_max_ms = tonumber(ARGV[15]), tonumber(ARGV[16])
-local throttle_ms, n_jobs = tonumber(ARGV[17]), tonumber(ARGV[18])
-local FIRST = 19
+local throttle_ms, trace, n_jobs = tonumber(ARGV[17]), ARGV[18], tonumber(ARGV[19])
+local FIRST = 20
 
 -- Validate everything before the first write: a script is never half-applied.
 local problem = enqueue_problem(FIRST)
@@ -90,6 +91,7 @@ if debounce_max_ms then
   record[#record + 1] = string.format('%.3f', now + debounce_max_ms)
 end
 if claim ~= '' then record[#record + 1] = 'tick'; record[#record + 1] = seconds(claim_tick) end
+if trace ~= '' then record[#record + 1] = 'tr'; record[#record + 1] = trace end
 local n_fields = #record
 
 local ids = {}

@@ -71,12 +71,11 @@ for i = 0, n - 1 do
   local started_at, payload = ARGV[base + 3], ARGV[base + 4]
   local key = job_prefix .. id
   local f = redis.call('HMGET', key, 'state', 'token', 'task', 'attempts', 'max_attempts',
-    'key', 'enqueued_at', 'run_at', 'tenant', 'priority', 'cancel', 'snoozes')
+    'key', 'enqueued_at', 'run_at', 'tenant', 'priority', 'cancel', 'snoozes', 'tr')
   if f[1] ~= 'active' or f[2] ~= token then
     codes[#codes + 1] = 0
   else
-    local job = { task = f[3] or '', attempts = f[4] or '0', enqueued_at = f[7], run_at = f[8],
-      tenant = f[9], priority = f[10], started_at = started_at, finished_at = now_s }
+    local job = finished_job(f, started_at, now_s)
     done_leases[#done_leases + 1] = id
     done_tasks[job.task] = (done_tasks[job.task] or 0) + 1
     done_tenants[f[9] or ''] = (done_tenants[f[9] or ''] or 0) + 1

@@ -32,7 +32,14 @@ import sqlalchemy.exc
 
 from .. import clients
 from ..app import Conveyor
-from .schema import DEFAULT_TABLE, KEY_COLUMNS, jobs_table, row_from_event
+from .schema import (
+    DEFAULT_TABLE,
+    KEY_COLUMNS,
+    add_missing_columns,
+    jobs_table,
+    missing_columns,
+    row_from_event,
+)
 
 __all__ = ["DEFAULT_DB", "DEFAULT_TABLE", "Sink"]
 
@@ -106,6 +113,7 @@ class Sink:
     def _ensure(self) -> list[str]:
         if not self._table_ready:
             self.metadata.create_all(self.engine, checkfirst=True)
+            self._upgrade_table()
             self._table_ready = True
         queues = self.queues()
         for queue in queues:
@@ -120,6 +128,20 @@ class Sink:
                     raise
             self._grouped.add(queue)
         return queues
+
+    def _upgrade_table(self) -> None:
+        """Add the columns a table made by an older version lacks. Two sinks starting at
+        once may both try: the loser's error is ignored if the column is there after all."""
+        try:
+            with self.engine.begin() as conn:
+                added = add_missing_columns(conn, self.table)
+        except sqlalchemy.exc.DBAPIError:
+            with self.engine.connect() as conn:
+                if missing_columns(conn, self.table):
+                    raise
+            return
+        if added:
+            log.warning("added column(s) %s to table %s", ", ".join(added), self.table.name)
 
     # -- one cycle -------------------------------------------------------------------------
 

@@ -4,6 +4,10 @@ One row per event of the stream: a job that finished (succeeded or dead), with t
 attempt it finished on and the timings of that attempt. Rows are keyed by job id, attempt
 and finish time: a replayed event inserts nothing, while a dead job given fresh attempts
 by ``dead requeue`` (its attempt count starts again) still gets a row of its own.
+
+``trace_id`` is the OpenTelemetry trace id of the enqueue (32 hex digits) of a job enqueued
+with ``conveyor.contrib.otel`` instrumentation, NULL otherwise. Columns added by later
+versions are added to a table an older version created (:func:`add_missing_columns`).
 """
 
 from __future__ import annotations
@@ -38,9 +42,39 @@ def jobs_table(metadata: sa.MetaData, name: str = DEFAULT_TABLE) -> sa.Table:
         sa.Column("run_time", sa.Float),
         sa.Column("error", sa.Text),
         sa.Column("stream_id", sa.String(40)),
+        sa.Column("trace_id", sa.String(32)),
         sa.Index(f"ix_{name}_task_finished", "task", "finished_at"),
         sa.Index(f"ix_{name}_finished", "finished_at"),
+        sa.Index(f"ix_{name}_trace", "trace_id"),
     )
+
+
+# Nullable columns added since the table's first version, with the indexes that go with
+# them: a sink adds those missing from an existing table when it starts.
+ADDED_COLUMNS = {"trace_id": "ix_{name}_trace"}
+
+
+def missing_columns(conn: sa.Connection, table: sa.Table) -> list[str]:
+    """The columns of :data:`ADDED_COLUMNS` that ``table`` lacks in the database."""
+    present = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
+    return [column for column in ADDED_COLUMNS if column not in present]
+
+
+def add_missing_columns(conn: sa.Connection, table: sa.Table) -> list[str]:
+    """Add to ``table`` in the database the columns of :data:`ADDED_COLUMNS` it lacks (a
+    table created by an older version), and their indexes. Returns the columns added."""
+    added = missing_columns(conn, table)
+    for column in added:
+        index_name = ADDED_COLUMNS[column]
+        preparer = conn.dialect.identifier_preparer
+        kind = table.c[column].type.compile(dialect=conn.dialect)
+        conn.execute(sa.text(f"ALTER TABLE {preparer.format_table(table)} "
+                             f"ADD COLUMN {preparer.quote(column)} {kind}"))
+        wanted = index_name.format(name=table.name)
+        for index in table.indexes:
+            if index.name == wanted:
+                index.create(conn, checkfirst=True)
+    return added
 
 
 def _text(value: Any) -> str:
@@ -80,4 +114,5 @@ def row_from_event(queue: str, stream_id: str, fields: Mapping[Any, Any]) -> dic
         "run_time": run_time,
         "error": get("error") or None,
         "stream_id": stream_id,
+        "trace_id": get("trace") or None,
     }

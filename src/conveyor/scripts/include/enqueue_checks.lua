@@ -33,5 +33,8 @@ local function enqueue_problem(FIRST)
     if ARGV[FIRST + i * 2] == '' then return 'job ' .. i .. ' has no id' end
   end
   if ARGV[4] ~= '' and not tonumber(ARGV[5]) then return 'claim_tick must be a number' end
+  if ARGV[18] ~= '' and not string.match(ARGV[18], '^' .. string.rep('%x', 32) .. '$') then
+    return 'trace must be empty or 32 hex digits'
+  end
   return nil
 end

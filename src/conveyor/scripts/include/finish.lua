@@ -17,7 +17,7 @@ local function free_dedupe_key(dedupe_prefix, key, short_id)
   end
 end
 
--- Fields that would be empty (no tenant, default priority, no error) are left out.
+-- Fields that would be empty (no tenant, default priority, no error, no trace) are left out.
 local function emit_event(events, maxlen, short_id, job)
   local fields = { 'XADD', events, 'MAXLEN', '~', maxlen, '*',
     'id', short_id, 'task', job.task, 'state', job.state, 'attempts', job.attempts,
@@ -34,6 +34,10 @@ local function emit_event(events, maxlen, short_id, job)
   if job.error and job.error ~= '' then
     fields[#fields + 1] = 'error'
     fields[#fields + 1] = job.error
+  end
+  if job.trace and job.trace ~= '' then
+    fields[#fields + 1] = 'trace'
+    fields[#fields + 1] = job.trace
   end
   redis.call(unpack(fields))
 end

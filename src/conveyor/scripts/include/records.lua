@@ -48,11 +48,12 @@ end
 -- Reads the fields record_problem checks (plus what a dead letter needs) as a table.
 local function read_record(key)
   local f = redis.call('HMGET', key, 'state', 'priority', 'attempts', 'max_attempts', 'vt',
-    'task', 'tenant', 'key', 'enqueued_at', 'run_at', 'started_at', 'cancel', 'cancel_ttl')
+    'task', 'tenant', 'key', 'enqueued_at', 'run_at', 'started_at', 'cancel', 'cancel_ttl', 'tr')
   return { state = f[1] or nil, priority = f[2] or nil, attempts = f[3] or nil,
     max_attempts = f[4] or nil, vt = f[5] or nil, task = f[6] or '', tenant = f[7] or nil,
     key = f[8] or nil, enqueued_at = f[9] or nil, run_at = f[10] or nil,
-    started_at = f[11] or nil, cancel = f[12] or nil, cancel_ttl = f[13] or nil }
+    started_at = f[11] or nil, cancel = f[12] or nil, cancel_ttl = f[13] or nil,
+    trace = f[14] or nil }
 end
 
 -- For a record met through a list or set that does not hold jobs of its state (a ready
@@ -81,7 +82,8 @@ local function dead_letter(k, cfg, tally, now, id, r, reason, out)
   free_dedupe_key(k.dedupe_prefix, r.key, id)
   emit_event(k.events, cfg.events_maxlen, id, { task = r.task, state = 'dead',
     attempts = r.attempts or '0', enqueued_at = r.enqueued_at, run_at = r.run_at,
-    started_at = r.started_at, finished_at = finished_at, tenant = r.tenant, error = reason })
+    started_at = r.started_at, finished_at = finished_at, tenant = r.tenant, error = reason,
+    trace = r.trace })
   count(tally, r.task, 'dead', 1)
   hand_over(k.job_prefix, id, now)
   out.dead[#out.dead + 1] = id

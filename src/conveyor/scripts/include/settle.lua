@@ -4,6 +4,15 @@
 --@include finish
 --@include flow
 
+-- The fields of a job's event (see emit_event), from the record's fields f as finish reads
+-- them (task f[3], attempts f[4], enqueued_at f[7], run_at f[8], tenant f[9], priority
+-- f[10], trace id f[13]); the state (and error) are set once the outcome is known.
+local function finished_job(f, started_at, now_s)
+  return { task = f[3] or '', attempts = f[4] or '0', enqueued_at = f[7], run_at = f[8],
+    tenant = f[9], priority = f[10], trace = f[13], started_at = started_at,
+    finished_at = now_s }
+end
+
 -- What a run's report becomes: a job being cancelled ends cancelled whatever its run says
 -- (f[11] is the cancel reason); a retry with no attempt left, or a snooze past the cap, is
 -- dead. f holds the record's fields as finish reads them (attempts f[4], max f[5], snoozes
