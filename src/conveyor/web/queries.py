@@ -80,17 +80,26 @@ def activity(app: Conveyor, queues: list[str], now: float) -> list[dict[str, Any
         for queue in queues:
             pipe.hgetall(app.keys(queue).active).hgetall(app.keys(queue).idle)
         replies = pipe.execute()
+    active = {q: {_text(k): max(0, untrusted.integer(v)) for k, v in replies[2 * i].items()}
+              for i, q in enumerate(queues)}
+    idle = {q: {_text(k): t for k, v in replies[2 * i + 1].items()
+                if (t := untrusted.number(v)) is not None} for i, q in enumerate(queues)}
+    return activity_rows(app, queues, active, idle, now)
+
+
+def activity_rows(app: Conveyor, queues: list[str], active: dict[str, dict[str, int]],
+                  idle: dict[str, dict[str, float]], now: float) -> list[dict[str, Any]]:
+    """Activity rows from jobs running and last finishes per queue and task type."""
     rows = []
-    for i, queue in enumerate(queues):
-        active = {_text(k): max(0, untrusted.integer(v)) for k, v in replies[2 * i].items()}
-        idle = {_text(k): t for k, v in replies[2 * i + 1].items()
-                if (t := untrusted.number(v)) is not None}
-        names = set(active) | set(idle) | {t.name for t in app.tasks.values() if t.queue == queue}
+    for queue in queues:
+        running_of, idle_of = active.get(queue, {}), idle.get(queue, {})
+        names = set(running_of) | set(idle_of)
+        names |= {t.name for t in app.tasks.values() if t.queue == queue}
         for name in sorted(names):
             known = app.tasks.get(name)
             threshold = known.idle_threshold if known else 300.0
-            since = idle.get(name)
-            running = active.get(name, 0)
+            since = idle_of.get(name)
+            running = running_of.get(name, 0)
             rows.append({"name": name, "queue": queue, "active": running, "idle_since": since,
                          "idle_for": None if since is None else max(0.0, now - since),
                          "threshold": threshold,

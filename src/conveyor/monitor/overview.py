@@ -1,0 +1,187 @@
+"""The overview of every queue in three round trips, and a cache of closed buckets.
+
+A metric bucket stops changing once its span is over (the scripts write the bucket of
+the server's clock), so a reader that polls keeps the buckets it read after they closed
+and reads again only the open one (and the one that closed within :data:`GRACE`
+seconds). One overview then costs, per queue: the backlog (5 commands), whether it has
+limits (1), its active and idle hashes (2) and one or two open buckets; plus the clock,
+the queue set and the worker registry. A queue with limits or a pause costs the
+flow-control read on top (:func:`.flow.read_flow`), and the first read after start
+reads every bucket of the window once.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import keys as keyspace
+from .. import untrusted
+from ..keys import QueueKeys
+from ..worker import registry
+from ..worker.registry import WorkerInfo
+from .advice import Advice, decide
+from .flow import FlowState, read_flow
+from .series import Series, build_series
+from .stats import (
+    Backlog,
+    Stats,
+    TaskWindow,
+    bucket_starts,
+    build,
+    merge,
+    parse_replies,
+    queue_buckets,
+)
+
+if TYPE_CHECKING:
+    from ..app import Conveyor
+
+GRACE = 2.0  # seconds after its end a bucket is still read again (late writers)
+PER_QUEUE = 8  # commands per queue before its buckets
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOverview:
+    """One queue now: backlog, last-window stats, sparkline series and advice."""
+
+    name: str
+    backlog: Backlog
+    paused: bool
+    stats: Stats
+    spark: Series
+    advice: Advice
+    flow: FlowState | None
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """Every known queue, the activity of every task type and the live workers."""
+
+    now: float
+    queues: list[QueueOverview]
+    active: dict[str, dict[str, int]]  # queue -> task -> jobs running
+    idle: dict[str, dict[str, float]]  # queue -> task -> last finish (epoch s)
+    workers: list[WorkerInfo]
+
+
+class BucketCache:
+    """Parsed buckets that no script writes any more, by (metrics key); thread-safe."""
+
+    def __init__(self, width: int, ttl: int) -> None:
+        self.width, self.ttl = width, ttl
+        self.closed: dict[str, dict[str, TaskWindow]] = {}
+        self.lock = threading.Lock()
+
+    def missing(self, keys: QueueKeys, starts: list[int]) -> list[int]:
+        with self.lock:
+            return [s for s in starts if keys.metrics(s) not in self.closed]
+
+    def get(self, keys: QueueKeys, start: int) -> dict[str, TaskWindow]:
+        with self.lock:
+            return self.closed.get(keys.metrics(start), {})
+
+    def store(self, keys: QueueKeys, start: int, parts: dict[str, TaskWindow],
+              now: float) -> None:
+        if start + self.width + GRACE > now:
+            return  # still open, or closed too recently: read it again next time
+        with self.lock:
+            self.closed[keys.metrics(start)] = parts
+            if len(self.closed) > 100_000:  # bound memory whatever the polling
+                self.closed.clear()
+
+    def take(self, keys: dict[str, QueueKeys], wanted: dict[str, list[int]], replies: Any,
+             now: float) -> dict[tuple[str, int], dict[str, TaskWindow]]:
+        """Parse the replies to the reads of ``wanted`` (from ``replies``, in order) and
+        keep the closed ones; returns them all by (queue, start)."""
+        fresh: dict[tuple[str, int], dict[str, TaskWindow]] = {}
+        for q, k in keys.items():
+            parsed = parse_replies([next(replies) for _ in wanted[q]])
+            for start, parts in zip(wanted[q], parsed, strict=True):
+                fresh[(q, start)] = parts
+                self.store(k, start, parts, now)
+        return fresh
+
+    def assemble(self, keys: dict[str, QueueKeys], starts: list[int],
+                 fresh: dict[tuple[str, int], dict[str, TaskWindow]]
+                 ) -> dict[str, list[dict[str, TaskWindow]]]:
+        """Per queue, the bucket of each start: just read, else cached."""
+        return {q: [fresh[(q, s)] if (q, s) in fresh else self.get(k, s) for s in starts]
+                for q, k in keys.items()}
+
+    def read(self, client: Any, keys: dict[str, QueueKeys], starts: list[int],
+             now: float) -> dict[str, list[dict[str, TaskWindow]]]:
+        """Per queue, every bucket of ``starts``: cached when closed, else read (one
+        pipelined round trip; none when all are cached)."""
+        wanted = {q: self.missing(k, starts) for q, k in keys.items()}
+        fresh = {}
+        if any(wanted.values()):
+            with client.pipeline(transaction=False) as pipe:
+                for q, k in keys.items():
+                    queue_buckets(pipe, k, wanted[q])
+                fresh = self.take(keys, wanted, iter(pipe.execute()), now)
+        return self.assemble(keys, starts, fresh)
+
+
+def read_overview(app: Conveyor, cache: BucketCache, spark_window: float = 600,
+                  window: float = 60, target_wait: float = 10) -> Overview:
+    """Everything the dashboard's overview shows, read in three round trips (see the
+    module docstring for what each costs)."""
+    with app.redis.pipeline(transaction=False) as pipe:
+        pipe.time().smembers(keyspace.queues_key(app.namespace))
+        (sec, usec), raw = pipe.execute()
+    now = float(sec) + float(usec) / 1e6
+    names = sorted({untrusted.text(n) or "" for n in raw} | set(app.queues()))
+    keys = {q: app.keys(q) for q in names}
+    starts = bucket_starts(now, spark_window, app.limits.bucket_seconds)
+    wanted = {q: cache.missing(k, starts) for q, k in keys.items()}
+    with app.redis.pipeline(transaction=False) as pipe:
+        for q, k in keys.items():
+            pipe.hget(k.counts, "ready").zcard(k.delayed).zcard(k.leases).zcard(k.dead)
+            pipe.exists(k.paused).exists(k.limits).hgetall(k.active).hgetall(k.idle)
+            queue_buckets(pipe, k, wanted[q])
+        registry.queue_members(pipe, app, now)
+        replies = iter(pipe.execute())
+    fixed: dict[str, list[Any]] = {}
+    fresh: dict[tuple[str, int], dict[str, TaskWindow]] = {}
+    for q, k in keys.items():
+        fixed[q] = [next(replies) for _ in range(PER_QUEUE)]
+        fresh.update(cache.take({q: k}, wanted, replies, now))
+    next(replies)
+    live = registry.read_members(app, next(replies))
+    buckets = cache.assemble(keys, starts, fresh)
+    rows = [_queue(app, q, keys[q], now, fixed[q], starts, buckets[q], live, window,
+                   target_wait) for q in names]
+    return Overview(now, rows,
+                    {q: _counts(fixed[q][6]) for q in names},
+                    {q: _times(fixed[q][7]) for q in names}, live)
+
+
+def _counts(raw: dict[Any, Any]) -> dict[str, int]:
+    return {untrusted.text(n) or "": max(0, untrusted.integer(v)) for n, v in raw.items()}
+
+
+def _times(raw: dict[Any, Any]) -> dict[str, float]:
+    return {untrusted.text(n) or "": t for n, v in raw.items()
+            if (t := untrusted.number(v)) is not None}
+
+
+def _queue(app: Conveyor, queue: str, keys: QueueKeys, now: float, fixed: list[Any],
+           starts: list[int], buckets: list[dict[str, TaskWindow]], live: list[WorkerInfo],
+           window: float, target_wait: float) -> QueueOverview:
+    ready, scheduled, active, dead, paused, limited = fixed[:6]
+    flow = read_flow(app.redis, keys) if int(paused) or int(limited) else None
+    backlog = Backlog(max(0, untrusted.integer(ready)), int(scheduled), int(active),
+                      int(dead), flow.held if flow is not None else 0)
+    width = app.limits.bucket_seconds
+    recent = bucket_starts(now, window, width)
+    first = len(starts) - len(recent)
+    stats = build(None, queue, window, now - recent[0], now, merge(buckets[first:]), backlog)
+    run_time = stats.run.mean
+    if run_time is None:  # nothing finished lately: the sparkline's window will do
+        run_time = merge(buckets).run.mean
+    advice = decide(queue, stats, run_time, registry.serving(live, queue), bool(live),
+                    target_wait, None, flow=flow)
+    return QueueOverview(queue, backlog, bool(int(paused)), stats,
+                         build_series(starts, buckets, width, points=60), advice, flow)
