@@ -31,7 +31,7 @@ XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned=1">
 
 @pytest.fixture
 def client(app: conveyor.Conveyor) -> Iterator[TestClient]:
-    with TestClient(create_app(app), follow_redirects=False) as c:
+    with TestClient(create_app(app, cache_seconds=0), follow_redirects=False) as c:
         yield c
 
 

@@ -32,7 +32,8 @@ def summary(stats: Stats) -> dict[str, Any]:
     runs over runs) and durations of a :class:`~conveyor.monitor.Stats`."""
     counts = {name: getattr(stats, name) for name in COUNTERS}
     runs = stats.succeeded + stats.failed
-    return {**counts, "throughput": stats.throughput, "arrival_rate": stats.arrival_rate,
+    return {**counts, "span": stats.span, "throughput": stats.throughput,
+            "arrival_rate": stats.arrival_rate,
             "failure_rate": stats.failed / runs if runs else None,
             "wait": timing(stats.wait), "run": timing(stats.run)}
 
