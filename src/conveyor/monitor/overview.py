@@ -1,18 +1,23 @@
 """The overview of every queue in three round trips, and a cache of closed buckets.
 
 A metric bucket stops changing once its span is over (the scripts write the bucket of
-the server's clock), so a reader that polls keeps the buckets it read after they closed
-and reads again only the open one (and the one that closed within :data:`GRACE`
-seconds). One overview then costs, per queue: the backlog (5 commands), whether it has
-limits (1), its active and idle hashes (2) and one or two open buckets; plus the clock,
-the queue set and the worker registry. A queue with limits or a pause costs the
-flow-control read on top (:func:`.flow.read_flow`), and the first read after start
-reads every bucket of the window once.
+the server's clock, read inside the script), so a reader that polls keeps the buckets it
+read after they closed and reads again only the open one (and, once, the one that closed
+since the last poll). One overview then costs, per queue: the backlog (4 commands),
+whether it has limits or a pause (1), its active and idle hashes (2) and one or two
+buckets; plus the clock. The set of known queues and the worker registry's listing are
+read again every few seconds, in a poll that stays within :data:`BUDGET` commands per
+queue (a new queue shows from the next poll; the hash of a worker is read once, when it
+is first listed: the overview uses only its fixed fields). A queue with limits or a
+pause costs the flow-control read on top (:func:`.flow.read_flow`), and the first read
+after start reads every bucket of the window once.
 """
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +43,12 @@ from .stats import (
 if TYPE_CHECKING:
     from ..app import Conveyor
 
-GRACE = 2.0  # seconds after its end a bucket is still read again (late writers)
-PER_QUEUE = 8  # commands per queue before its buckets
+GRACE = 0.0  # seconds after its end a bucket is still read again (the scripts' clock is
+# the server's: a bucket read when the server's clock is past its end is final)
+PER_QUEUE = 7  # commands per queue before its buckets
+QUEUES_SECONDS = 5.0  # the set of known queues is read again after this long ...
+LISTING_SECONDS = 2.0  # ... and the registry's listing after this long, in a poll whose
+BUDGET = 10  # commands stay within this many per queue (else at the next poll)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +72,7 @@ class Overview:
     queues: list[QueueOverview]
     active: dict[str, dict[str, int]]  # queue -> task -> jobs running
     idle: dict[str, dict[str, float]]  # queue -> task -> last finish (epoch s)
-    workers: list[WorkerInfo]
+    workers: list[WorkerInfo]  # live now; fields as first read (queues, concurrency fixed)
 
 
 class BucketCache:
@@ -72,7 +81,61 @@ class BucketCache:
     def __init__(self, width: int, ttl: int) -> None:
         self.width, self.ttl = width, ttl
         self.closed: dict[str, dict[str, TaskWindow]] = {}
+        self.workers: dict[str, WorkerInfo] = {}  # by id, as first read
+        self.queues: tuple[float, set[str]] | None = None  # (read at, monotonic), names
+        self.listing: tuple[float, list[tuple[bytes, float]]] | None = None  # registry
         self.lock = threading.Lock()
+
+    def clock(self, app: Conveyor) -> tuple[float, list[str]]:
+        """The server's clock and the known queues: the set as last read (read now only
+        the first time), with the app's own queues always. One round trip."""
+        with app.redis.pipeline(transaction=False) as pipe:
+            pipe.time()
+            if self.queues is None:
+                pipe.smembers(keyspace.queues_key(app.namespace))
+            replies = pipe.execute()
+        if self.queues is None:
+            self.set_queues(replies[1])
+        sec, usec = replies[0]
+        names = self.queues[1] if self.queues is not None else set()
+        return float(sec) + float(usec) / 1e6, sorted(names | set(app.queues()))
+
+    def set_queues(self, raw: Any) -> None:
+        self.queues = (time.monotonic(), {untrusted.text(n) or "" for n in raw})
+
+    def lateness(self, kept: tuple[float, Any] | None, seconds: float) -> float:
+        """How many periods past due a read is (> 1: due; infinite: never read)."""
+        return float("inf") if kept is None else (time.monotonic() - kept[0]) / seconds
+
+    def refreshes(self, spare: int) -> tuple[bool, bool]:
+        """Whether to read the registry's listing and the queue set in this poll: when
+        due and ``spare`` commands allow, the later one first (the listing always when it
+        was never read)."""
+        late_listing = self.lateness(self.listing, LISTING_SECONDS)
+        late_queues = self.lateness(self.queues, QUEUES_SECONDS)
+        listing = math.isinf(late_listing)
+        spare -= int(listing)
+        order = sorted([(late_listing, "listing"), (late_queues, "queues")], reverse=True)
+        chosen = {"listing"} if listing else set()
+        for late, name in order:
+            if late > 1 and spare >= 1 and name not in chosen:
+                chosen.add(name)
+                spare -= 1
+        return "listing" in chosen, "queues" in chosen
+
+    def live(self, app: Conveyor, members: list[tuple[bytes, float]]) -> list[WorkerInfo]:
+        """Live workers from the registry's listing: known ones from memory, new ones read
+        (one round trip when there are new ones; the listing's housekeeping is left to
+        :func:`~conveyor.worker.registry.live_workers`)."""
+        listed = {untrusted.text(m) or "": score for m, score in members}
+        with self.lock:
+            known = {w: self.workers[w] for w in listed if w in self.workers}
+        new = [(m, score) for m, score in members if (untrusted.text(m) or "") not in known]
+        for info in registry.read_members(app, new):
+            known[info.id] = info
+        with self.lock:
+            self.workers = dict(known)
+        return [known[w] for w in listed if w in known]
 
     def missing(self, keys: QueueKeys, starts: list[int]) -> list[int]:
         with self.lock:
@@ -128,34 +191,40 @@ def read_overview(app: Conveyor, cache: BucketCache, spark_window: float = 600,
                   window: float = 60, target_wait: float = 10) -> Overview:
     """Everything the dashboard's overview shows, read in three round trips (see the
     module docstring for what each costs)."""
-    with app.redis.pipeline(transaction=False) as pipe:
-        pipe.time().smembers(keyspace.queues_key(app.namespace))
-        (sec, usec), raw = pipe.execute()
-    now = float(sec) + float(usec) / 1e6
-    names = sorted({untrusted.text(n) or "" for n in raw} | set(app.queues()))
+    now, names = cache.clock(app)
     keys = {q: app.keys(q) for q in names}
     starts = bucket_starts(now, spark_window, app.limits.bucket_seconds)
     wanted = {q: cache.missing(k, starts) for q, k in keys.items()}
+    spare = (BUDGET - PER_QUEUE) * len(names) - 1 - sum(len(w) for w in wanted.values())
+    listing, queues = cache.refreshes(spare)
     with app.redis.pipeline(transaction=False) as pipe:
         for q, k in keys.items():
             pipe.hget(k.counts, "ready").zcard(k.delayed).zcard(k.leases).zcard(k.dead)
-            pipe.exists(k.paused).exists(k.limits).hgetall(k.active).hgetall(k.idle)
+            pipe.exists(k.limits, k.paused).hgetall(k.active).hgetall(k.idle)
             queue_buckets(pipe, k, wanted[q])
-        registry.queue_members(pipe, app, now)
+        if listing:
+            pipe.zrange(keyspace.workers_key(app.namespace), 0, -1, withscores=True)
+        if queues:  # seen from the next poll on
+            pipe.smembers(keyspace.queues_key(app.namespace))
         replies = iter(pipe.execute())
     fixed: dict[str, list[Any]] = {}
     fresh: dict[tuple[str, int], dict[str, TaskWindow]] = {}
     for q, k in keys.items():
         fixed[q] = [next(replies) for _ in range(PER_QUEUE)]
         fresh.update(cache.take({q: k}, wanted, replies, now))
-    next(replies)
-    live = registry.read_members(app, next(replies))
+    if listing:
+        cache.listing = (time.monotonic(), list(next(replies)))
+    if queues:
+        cache.set_queues(next(replies))
+    cutoff_ms = (now - registry.stale_after()) * 1000
+    members = [(m, score) for m, score in (cache.listing or (0.0, []))[1] if score >= cutoff_ms]
+    live = cache.live(app, members)
     buckets = cache.assemble(keys, starts, fresh)
     rows = [_queue(app, q, keys[q], now, fixed[q], starts, buckets[q], live, window,
                    target_wait) for q in names]
     return Overview(now, rows,
-                    {q: _counts(fixed[q][6]) for q in names},
-                    {q: _times(fixed[q][7]) for q in names}, live)
+                    {q: _counts(fixed[q][5]) for q in names},
+                    {q: _times(fixed[q][6]) for q in names}, live)
 
 
 def _counts(raw: dict[Any, Any]) -> dict[str, int]:
@@ -170,8 +239,8 @@ def _times(raw: dict[Any, Any]) -> dict[str, float]:
 def _queue(app: Conveyor, queue: str, keys: QueueKeys, now: float, fixed: list[Any],
            starts: list[int], buckets: list[dict[str, TaskWindow]], live: list[WorkerInfo],
            window: float, target_wait: float) -> QueueOverview:
-    ready, scheduled, active, dead, paused, limited = fixed[:6]
-    flow = read_flow(app.redis, keys) if int(paused) or int(limited) else None
+    ready, scheduled, active, dead, limited = fixed[:5]
+    flow = read_flow(app.redis, keys) if int(limited) else None
     backlog = Backlog(max(0, untrusted.integer(ready)), int(scheduled), int(active),
                       int(dead), flow.held if flow is not None else 0)
     width = app.limits.bucket_seconds
@@ -183,5 +252,5 @@ def _queue(app: Conveyor, queue: str, keys: QueueKeys, now: float, fixed: list[A
         run_time = merge(buckets).run.mean
     advice = decide(queue, stats, run_time, registry.serving(live, queue), bool(live),
                     target_wait, None, flow=flow)
-    return QueueOverview(queue, backlog, bool(int(paused)), stats,
+    return QueueOverview(queue, backlog, flow is not None and flow.paused, stats,
                          build_series(starts, buckets, width, points=60), advice, flow)
