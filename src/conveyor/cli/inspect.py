@@ -161,7 +161,7 @@ def show_schedules(app: Conveyor) -> None:
     now = float(app.redis.time()[0])
     table = Table("periodic", "queue", "cron (UTC)", "last fired", "next", title="schedules")
     for periodic in app.periodics:
-        key = app.keys(periodic.task.queue).schedule_prefix + periodic.name
+        key = app.keys(periodic.task.queue).schedule(periodic.name)
         last = app.redis.get(key)
         table.add_row(periodic.name, periodic.task.queue, periodic.cron,
                       when(int(last) / 1000) if last else "never",

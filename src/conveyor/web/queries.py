@@ -49,7 +49,7 @@ def tenants(app: Conveyor, queue: str) -> dict[str, Any]:
     levels = [_text(p) for p in app.redis.zrange(k.priorities, 0, -1, desc=True)]
     with app.redis.pipeline(transaction=False) as pipe:
         for level in levels:
-            pipe.llen(k.ring_prefix + level).lrange(k.ring_prefix + level, 0, MAX_TENANTS - 1)
+            pipe.llen(k.ring(level)).lrange(k.ring(level), 0, MAX_TENANTS - 1)
         rings = pipe.execute()
     shown: list[tuple[str, list[str], int]] = []
     for i, level in enumerate(levels):
@@ -58,7 +58,7 @@ def tenants(app: Conveyor, queue: str) -> dict[str, Any]:
     with app.redis.pipeline(transaction=False) as pipe:
         for level, names, _ in shown:
             for name in names:
-                pipe.llen(f"{k.ready_prefix}{level}:{name}")
+                pipe.llen(k.ready(f"{level}:{name}"))
         lengths = iter(pipe.execute())
     priorities: list[dict[str, Any]] = []
     top = Counter[str]()
@@ -229,7 +229,7 @@ def schedules(app: Conveyor, now: float) -> list[dict[str, Any]]:
     periodics = list(app.periodics)
     with app.redis.pipeline(transaction=False) as pipe:
         for periodic in periodics:
-            pipe.get(app.keys(periodic.task.queue).schedule_prefix + periodic.task.name)
+            pipe.get(app.keys(periodic.task.queue).schedule(periodic.name))
         lasts = pipe.execute()
     start = dt.datetime.fromtimestamp(now, dt.UTC)
     rows = []
