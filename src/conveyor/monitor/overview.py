@@ -49,6 +49,7 @@ PER_QUEUE = 7  # commands per queue before its buckets
 QUEUES_SECONDS = 5.0  # the set of known queues is read again after this long ...
 LISTING_SECONDS = 2.0  # ... and the registry's listing after this long, in a poll whose
 BUDGET = 10  # commands stay within this many per queue (else at the next poll)
+PRUNE_AT = 50_000  # closed buckets kept before those past their lifetime are dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,7 @@ class BucketCache:
 
     def __init__(self, width: int, ttl: int) -> None:
         self.width, self.ttl = width, ttl
-        self.closed: dict[str, dict[str, TaskWindow]] = {}
+        self.closed: dict[str, tuple[int, dict[str, TaskWindow]]] = {}  # key: start, parts
         self.workers: dict[str, WorkerInfo] = {}  # by id, as first read
         self.queues: tuple[float, set[str]] | None = None  # (read at, monotonic), names
         self.listing: tuple[float, list[tuple[bytes, float]]] | None = None  # registry
@@ -143,15 +144,19 @@ class BucketCache:
 
     def get(self, keys: QueueKeys, start: int) -> dict[str, TaskWindow]:
         with self.lock:
-            return self.closed.get(keys.metrics(start), {})
+            kept = self.closed.get(keys.metrics(start))
+        return kept[1] if kept is not None else {}
 
     def store(self, keys: QueueKeys, start: int, parts: dict[str, TaskWindow],
               now: float) -> None:
         if start + self.width + GRACE > now:
             return  # still open, or closed too recently: read it again next time
         with self.lock:
-            self.closed[keys.metrics(start)] = parts
-            if len(self.closed) > 100_000:  # bound memory whatever the polling
+            self.closed[keys.metrics(start)] = (start, parts)
+            if len(self.closed) > PRUNE_AT:  # buckets past their lifetime go
+                self.closed = {k: v for k, v in self.closed.items()
+                               if v[0] >= now - self.ttl - self.width}
+            if len(self.closed) > 2 * PRUNE_AT:  # bound memory whatever is asked
                 self.closed.clear()
 
     def take(self, keys: dict[str, QueueKeys], wanted: dict[str, list[int]], replies: Any,
