@@ -109,20 +109,24 @@ def queue_series(app: Conveyor, queue: str, window: float) -> dict[str, Any]:
 
 
 def task_types(app: Conveyor, window: float) -> list[dict[str, Any]]:
-    """Every task type the app registers or the buckets mention, with activity and stats."""
+    """Every task type the app registers or the buckets mention, with activity and stats
+    (one read of the buckets and one of the activity for all of them)."""
     now = series.server_time(app)
-    by_task = {(s.task or ""): s for s in app.monitor.stats_by_task(window=window)}
+    by_task = {(s.queue, s.task): s for s in app.monitor.stats_by_task(window=window)}
+    activity = {(a.queue, a.task): a for a in app.monitor.activity()}
     seen: dict[str, str] = {name: t.queue for name, t in app.tasks.items()}
-    for task, stats in by_task.items():
-        seen.setdefault(task, stats.queue or "")
+    for queue, task in by_task:
+        seen.setdefault(task or "", queue or "")
     rows = []
     for task, queue in sorted(seen.items()):
         known = app.tasks.get(task)
         threshold = known.idle_threshold if known else 300.0
-        stats = app.monitor.stats(task=task, queue=queue, window=window)
-        since = app.monitor.idle_since(task)
-        rows.append({"name": task, "queue": queue, "active": app.monitor.active(task),
+        stats = by_task.get((queue, task)) or app.monitor.stats(task=task, queue=queue,
+                                                                window=window)
+        act = activity.get((queue, task))
+        since = act.idle_since if act is not None else None
+        rows.append({"name": task, "queue": queue, "active": act.active if act else 0,
                      "idle_since": since, "idle_for": None if since is None else now - since,
-                     "idle": app.monitor.is_idle(task), "threshold": threshold,
+                     "idle": act.idle if act is not None else True, "threshold": threshold,
                      "registered": known is not None, **series.summary(stats)})
     return rows
