@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from .. import keys as keyspace
 from .. import untrusted
 from ..keys import QueueKeys
@@ -89,12 +91,18 @@ class BucketCache:
 
     def clock(self, app: Conveyor) -> tuple[float, list[str]]:
         """The server's clock and the known queues: the set as last read (read now only
-        the first time), with the app's own queues always. One round trip."""
-        with app.redis.pipeline(transaction=False) as pipe:
-            pipe.time()
+        the first time), with the app's own queues always. One round trip (two the first
+        time on a cluster)."""
+        if isinstance(app.redis, redis.RedisCluster):  # its pipelines refuse keyless TIME
+            replies: list[Any] = [app.redis.time()]
             if self.queues is None:
-                pipe.smembers(keyspace.queues_key(app.namespace))
-            replies = pipe.execute()
+                replies.append(app.redis.smembers(keyspace.queues_key(app.namespace)))
+        else:
+            with app.redis.pipeline(transaction=False) as pipe:
+                pipe.time()
+                if self.queues is None:
+                    pipe.smembers(keyspace.queues_key(app.namespace))
+                replies = pipe.execute()
         if self.queues is None:
             self.set_queues(replies[1])
         sec, usec = replies[0]
