@@ -31,7 +31,7 @@ XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned=1">
 
 @pytest.fixture
 def client(app: conveyor.Conveyor) -> Iterator[TestClient]:
-    with TestClient(create_app(app), follow_redirects=False) as c:
+    with TestClient(create_app(app, cache_seconds=0), follow_redirects=False) as c:
         yield c
 
 
@@ -128,12 +128,18 @@ def test_task_types_and_series(app: conveyor.Conveyor, client: TestClient) -> No
     assert sum(s["processed"]) * s["step"] == pytest.approx(20)
 
 
-def test_percentile_reads_the_upper_bin_edge() -> None:
-    bins = {0: 1, 10: 97, 50: 2}
-    assert series.percentile(bins, 1) == 1e-6
-    assert series.percentile(bins, 50) == pytest.approx(1e-6 * 1.1**10)
-    assert series.percentile(bins, 99) == pytest.approx(1e-6 * 1.1**50)
-    assert series.percentile({}, 50) is None
+def test_dashboard_percentiles_are_the_monitors() -> None:
+    from conveyor.monitor.series import build_series
+    from conveyor.monitor.stats import TaskWindow
+
+    part = TaskWindow()
+    for index, n in {0: 1, 10: 97, 50: 2}.items():
+        part.wait.add_bin(index, n)
+    chart = series.chart(build_series([0], [{"t": part}], 10))
+    assert chart["wait_p50"] == [part.wait.quantile(0.50)]
+    assert chart["wait_p99"] == [part.wait.quantile(0.99)]
+    assert 1e-6 * 1.1**9 <= chart["wait_p50"][0] <= 1e-6 * 1.1**10
+    assert chart["run_p50"] == [None]
 
 
 def test_job_lists_page(app: conveyor.Conveyor, client: TestClient) -> None:

@@ -66,6 +66,18 @@ class QueueKeys:
     def metrics(self, bucket: int) -> str:
         return f"{self.metrics_prefix}{bucket}"
 
+    def ring(self, priority: str) -> str:
+        """List of the tenants with ready jobs at ``priority``, in turn order."""
+        return self.ring_prefix + priority
+
+    def ready(self, member: str) -> str:
+        """Ready list of ``'<priority>:<tenant>'``."""
+        return self.ready_prefix + member
+
+    def schedule(self, name: str) -> str:
+        """Last fired tick of the periodic job ``name``."""
+        return self.schedule_prefix + name
+
 
 @cache
 def queue_keys(namespace: str, queue: str) -> QueueKeys:

@@ -114,7 +114,7 @@ class Scheduler:
         if not periodic.catch_up:
             await self.fire(periodic, latest, only_if_seen=True)
             return
-        key = self.app.keys(periodic.task.queue).schedule_prefix + periodic.name
+        key = self.app.keys(periodic.task.queue).schedule(periodic.name)
         last = _tick_ms(await self.app.aredis().get(key))
         if last is None:
             await self.fire(periodic, latest, only_if_seen=True)

@@ -140,15 +140,10 @@ def dead_purge(app: Conveyor, queue: str, yes: bool) -> None:
 def info(app: Conveyor) -> None:
     """Queues with their backlog, live workers and supervisors, and periodic schedules."""
     table = Table("queue", "ready", "scheduled", "active", "dead", "paused")
-    r = app.redis
-    for queue in app.known_queues():
-        k = app.keys(queue)
-        with r.pipeline(transaction=False) as pipe:
-            pipe.hget(k.counts, "ready").zcard(k.delayed).zcard(k.leases).zcard(k.dead)
-            pipe.exists(k.paused)
-            ready, scheduled, active, dead_n, paused = pipe.execute()
-        table.add_row(queue, str(int(ready or 0)), str(scheduled), str(active), str(dead_n),
-                      "yes" if paused else "")
+    for row in app.monitor.overview().queues:
+        b = row.backlog
+        table.add_row(row.name, str(b.ready), str(b.scheduled), str(b.active), str(b.dead),
+                      "yes" if row.paused else "")
     console.print(table)
     show_fleet(app, console)
     show_schedules(app)
@@ -158,12 +153,9 @@ def show_schedules(app: Conveyor) -> None:
     """Periodic jobs of the app (needs --app): cron, last tick fired, next tick."""
     if not app.periodics:
         return
-    now = float(app.redis.time()[0])
     table = Table("periodic", "queue", "cron (UTC)", "last fired", "next", title="schedules")
-    for periodic in app.periodics:
-        key = app.keys(periodic.task.queue).schedule_prefix + periodic.name
-        last = app.redis.get(key)
-        table.add_row(periodic.name, periodic.task.queue, periodic.cron,
-                      when(int(last) / 1000) if last else "never",
-                      when(periodic.next_after(now)))
+    for row in app.monitor.schedules():
+        table.add_row(row.task, row.queue, row.cron,
+                      when(row.last) if row.last is not None else "never",
+                      when(row.next))
     console.print(table)

@@ -88,9 +88,9 @@ def held_table(app: Conveyor, queues: list[str], most: int = 20) -> Table:
     """Ready jobs that limits hold back, per queue and tenant (largest first)."""
     table = Table("queue", "tenant", "held", "running", title="held by limits")
     for queue in queues:
-        if not app.redis.exists(app.keys(queue).limits, app.keys(queue).paused):
-            continue
         flow = app.monitor.flow(queue)
+        if not (flow.held or flow.paused or flow.blocked_by):
+            continue
         if flow.blocked_by:
             table.add_row(queue, f"(all: the queue's {flow.blocked_by})", str(flow.held),
                           str(flow.running))

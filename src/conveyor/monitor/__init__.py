@@ -19,6 +19,9 @@ from ..worker import registry
 from ..worker.registry import WorkerInfo
 from .advice import Advice, decide
 from .flow import FlowState, read_flow
+from .lists import JobPage, ScheduleRow, Tenants, read_jobs, read_schedules, read_tenants
+from .overview import BucketCache, Overview, QueueOverview, read_overview
+from .series import Series, build_series
 from .stats import (
     Backlog,
     Stats,
@@ -35,7 +38,8 @@ if TYPE_CHECKING:
 
 RUN_TIME_LOOKBACK = 3600.0  # seconds of history advice falls back on for the run time
 
-__all__ = ["Advice", "Backlog", "Monitor", "Stats", "TaskActivity", "Timing", "WorkerInfo"]
+__all__ = ["Advice", "Backlog", "JobPage", "Monitor", "Overview", "QueueOverview",
+           "ScheduleRow", "Series", "Stats", "TaskActivity", "Tenants", "Timing", "WorkerInfo"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,49 @@ class Monitor:
 
     def __init__(self, app: Conveyor) -> None:
         self.app = app
+        self._cache: BucketCache | None = None
+
+    def _closed_buckets(self) -> BucketCache:
+        limits = self.app.limits
+        if self._cache is None or self._cache.width != limits.bucket_seconds:
+            self._cache = BucketCache(limits.bucket_seconds, limits.bucket_ttl)
+        return self._cache
+
+    def overview(self, spark_window: float = 600, window: float = 60,
+                 target_wait: float = 10) -> Overview:
+        """Every known queue with its backlog, stats over ``window`` seconds, a sparkline
+        series over ``spark_window`` and advice; the activity of every task type; the live
+        workers. Three round trips (plus the flow read of queues with limits); closed
+        metric buckets are kept in memory and not read again.
+        """
+        return read_overview(self.app, self._closed_buckets(), spark_window, window,
+                             target_wait)
+
+    def tenants(self, queue: str, most: int = 25, top: int = 10) -> Tenants:
+        """Ready jobs of ``queue`` per priority level and tenant (the first ``most``
+        tenants of each level in turn order) and the ``top`` largest shown."""
+        return read_tenants(self.app, queue, most, top)
+
+    def jobs(self, queue: str, state: str, offset: int = 0, limit: int = 50) -> JobPage:
+        """A page of the ``scheduled`` (soonest first), ``active`` or ``dead`` (newest
+        first) jobs of ``queue``.
+
+        :raises KeyError: ``state`` is none of those
+        """
+        return read_jobs(self.app, queue, state, offset, limit)
+
+    def schedules(self) -> list[ScheduleRow]:
+        """The app's periodic jobs with their next fire and last fired tick."""
+        return read_schedules(self.app, self._server_time())
+
+    def series(self, queue: str, window: float = 900, points: int = 90) -> Series:
+        """Chart points of ``queue`` over the last ``window`` seconds (at most ``points``),
+        from the same buckets and histograms as :meth:`stats`."""
+        now = self._server_time()
+        starts = bucket_starts(now, window, self.app.limits.bucket_seconds)
+        keys = {queue: self.app.keys(queue)}
+        buckets = self._closed_buckets().read(self.app.redis, keys, starts, now)[queue]
+        return build_series(starts, buckets, self.app.limits.bucket_seconds, points)
 
     def _queues_of(self, task: str) -> list[str]:
         known = self.app.tasks.get(task)

@@ -83,7 +83,7 @@ def read_flow(client: Any, keys: QueueKeys) -> FlowState:
     if members:
         with client.pipeline(transaction=False) as pipe:
             for member in members:
-                pipe.llen(f"{keys.ready_prefix}{member}")
+                pipe.llen(keys.ready(member))
             lengths = pipe.execute()
         for member, n in zip(members, lengths, strict=True):
             tenant = member.partition(":")[2]

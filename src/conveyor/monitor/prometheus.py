@@ -23,7 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from .. import untrusted
-from .stats import COUNTERS, TaskWindow, bucket_starts, parse_bucket
+from .stats import COUNTERS, TaskWindow, bucket_starts, parse_bucket, queue_buckets
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -72,8 +72,7 @@ class RedisCollector(Collector):
         starts = bucket_starts(now, window, width)
         keys = self.app.keys(queue)
         with self.app.redis.pipeline(transaction=False) as pipe:
-            for start in starts:
-                pipe.hgetall(keys.metrics(start))
+            queue_buckets(pipe, keys, starts)
             replies = pipe.execute()
         gained: dict[str, float] = {}
         for start, reply in zip(starts, replies, strict=True):

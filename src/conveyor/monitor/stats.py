@@ -136,17 +136,57 @@ def parse_bucket(fields: Mapping[Any, Any], into: dict[str, TaskWindow]) -> None
             target.counters[last] = target.counters.get(last, 0) + int(float(value))
 
 
+def queue_buckets(pipe: Any, keys: QueueKeys, starts: Iterable[int]) -> None:
+    """Queue the HGETALL of each bucket of one queue on ``pipe`` (keys from ``keys.py``)."""
+    for start in starts:
+        pipe.hgetall(keys.metrics(start))
+
+
+def parse_replies(replies: Iterable[Mapping[Any, Any] | None]) -> list[dict[str, TaskWindow]]:
+    """Per-task windows of each bucket, in the order read (an empty dict for none)."""
+    out: list[dict[str, TaskWindow]] = []
+    for reply in replies:
+        parts: dict[str, TaskWindow] = {}
+        if reply:
+            try:
+                parse_bucket(reply, parts)
+            except ValueError:  # a damaged bucket reads as empty, never as a crash
+                parts = {}
+        out.append(parts)
+    return out
+
+
+def read_buckets(client: redis.Redis, keys: Mapping[str, QueueKeys], starts: list[int]
+                 ) -> dict[str, list[dict[str, TaskWindow]]]:
+    """The one reader of the metric buckets: per queue, each bucket of ``starts`` parsed
+    into per-task windows, oldest first (one pipelined round trip for every queue)."""
+    with client.pipeline(transaction=False) as pipe:
+        for k in keys.values():
+            queue_buckets(pipe, k, starts)
+        replies = pipe.execute()
+    out, n = {}, len(starts)
+    for i, queue in enumerate(keys):
+        out[queue] = parse_replies(replies[i * n: (i + 1) * n])
+    return out
+
+
+def merge(buckets: Iterable[dict[str, TaskWindow]], task: str | None = None) -> TaskWindow:
+    """One window over ``buckets``, for ``task`` or for every task."""
+    total = TaskWindow()
+    for bucket in buckets:
+        for name, part in bucket.items():
+            if task is None or name == task:
+                total.merge(part)
+    return total
+
+
 def read_windows(client: redis.Redis, keys: QueueKeys, starts: Iterable[int]
                  ) -> dict[str, TaskWindow]:
     """Per-task sums over the given buckets of one queue (one pipelined round trip)."""
-    with client.pipeline(transaction=False) as pipe:
-        for start in starts:
-            pipe.hgetall(keys.metrics(start))
-        replies = pipe.execute()
     out: dict[str, TaskWindow] = {}
-    for reply in replies:
-        if reply:
-            parse_bucket(reply, out)
+    for bucket in read_buckets(client, {"": keys}, list(starts))[""]:
+        for name, part in bucket.items():
+            out.setdefault(name, TaskWindow()).merge(part)
     return out
 
 

@@ -99,6 +99,7 @@ def create_app(
     username: str | None = None,
     password: str | None = None,
     secret: bytes | None = None,
+    cache_seconds: float = 1.0,
 ) -> Starlette:
     """The dashboard of ``app`` as an ASGI application.
 
@@ -108,6 +109,9 @@ def create_app(
     :param username: with ``password``, HTTP basic-auth credentials every request needs
     :param password: see ``username``
     :param secret: key of the CSRF tokens; random per process when None
+    :param cache_seconds: how long an answer of a polled JSON endpoint (overview, tasks,
+        workers, a queue and its series) is shared by every client asking the same, so
+        that many open dashboards cost Redis what one costs (0: never shared)
     """
     if (username is None) != (password is None):
         raise ValueError("give both username and password for basic authentication, or neither")
@@ -121,7 +125,7 @@ def create_app(
     templates = Jinja2Templates(env=env)
     routes = [
         *Pages(app, templates, Csrf(secret)).routes(),
-        *Api(app).routes(),
+        *Api(app, cache_seconds).routes(),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
     middleware = [Middleware(SecurityMiddleware, credentials=Credentials(token, basic))]

@@ -14,6 +14,7 @@ from .. import untrusted
 from ..errors import JobNotFound
 from ..worker.published import DECISIONS_KEPT
 from . import figures, queries, series
+from .shared import SharedAnswers
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -47,10 +48,22 @@ def int_param(request: Request, name: str, default: int, low: int, high: int) ->
 
 
 class Api:
-    """Endpoints bound to one application (no module-level state)."""
+    """Endpoints bound to one application (no module-level state).
 
-    def __init__(self, app: Conveyor) -> None:
+    :param cache_seconds: how long an answer of a polled endpoint is shared by every
+        client asking the same (0: never)
+    """
+
+    def __init__(self, app: Conveyor, cache_seconds: float = 1.0) -> None:
         self.app = app
+        self.answers = SharedAnswers(cache_seconds)
+
+    def shared(self, request: Request, compute: Any) -> Response:
+        """``compute()`` as JSON, shared by every request for the same path and query."""
+        key = (request.url.path, tuple(sorted(request.query_params.multi_items())))
+        body = self.answers.get(key, lambda: msgspec.json.encode(compute()))
+        return Response(body, media_type="application/json",
+                        headers={"cache-control": "no-store"})
 
     def routes(self) -> list[Route]:
         return [
@@ -67,18 +80,22 @@ class Api:
         ]
 
     def overview(self, request: Request) -> Response:
-        return json_response(figures.overview(self.app))
+        return self.shared(request, lambda: figures.overview(self.app))
 
     def tasks(self, request: Request) -> Response:
         window = window_of(request)
-        return json_response({"window": window, "tasks": figures.task_types(self.app, window)})
+        return self.shared(request, lambda: {"window": window,
+                                             "tasks": figures.task_types(self.app, window)})
 
     def workers(self, request: Request) -> Response:
+        return self.shared(request, self._workers)
+
+    def _workers(self) -> dict[str, Any]:
         now = series.server_time(self.app)
         rows = queries.workers(self.app, now)
         capacity = sum(untrusted.integer(w.get("concurrency")) for w in rows)
-        return json_response({"time": now, "workers": rows, "capacity": capacity,
-                              "supervisors": queries.supervisors(self.app, now)})
+        return {"time": now, "workers": rows, "capacity": capacity,
+                "supervisors": queries.supervisors(self.app, now)}
 
     def supervisors(self, request: Request) -> Response:
         now = series.server_time(self.app)
@@ -92,11 +109,13 @@ class Api:
 
     def queue(self, request: Request) -> Response:
         queue = request.path_params["queue"]
-        return json_response(figures.queue_detail(self.app, queue, window_of(request)))
+        return self.shared(request,
+                           lambda: figures.queue_detail(self.app, queue, window_of(request)))
 
     def series(self, request: Request) -> Response:
         queue, window = request.path_params["queue"], window_of(request)
-        return json_response({"window": window, **figures.queue_series(self.app, queue, window)})
+        return self.shared(request, lambda: {
+            "window": window, **figures.queue_series(self.app, queue, window)})
 
     def jobs(self, request: Request) -> Response:
         state = request.query_params.get("state", "dead")

@@ -1,5 +1,4 @@
-"""The dashboard's figures: stats and advice from the monitor when it offers them,
-otherwise computed here from the metric buckets (see :mod:`.series`).
+"""The dashboard's figures: stats, series and advice from the monitor, shaped for JSON.
 
 Every figure that cannot be had is ``None``, which the pages show as "n/a".
 """
@@ -10,7 +9,6 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-from .. import untrusted
 from . import queries, series
 
 if TYPE_CHECKING:
@@ -38,29 +36,9 @@ def _plain(value: Any) -> Any:
     return {n: _plain(getattr(value, n)) for n in names}
 
 
-def monitor_stats(app: Conveyor, *, task: str | None = None, queue: str | None = None,
-                  window: float = 300) -> dict[str, Any] | None:
-    """``app.monitor.stats(...)`` as plain data, or None where the monitor has none."""
-    stats = getattr(app.monitor, "stats", None)
-    if stats is None:
-        return None
-    try:
-        return dict(_plain(stats(task=task, queue=queue, window=window)))
-    except Exception:  # a figure failing must not take the page down
-        log.exception("monitor.stats failed")
-        return None
-
-
-def advice(app: Conveyor, queue: str, target_wait: float = 10) -> dict[str, Any] | None:
-    """``app.monitor.advice(queue)`` as plain data, or None where the monitor has none."""
-    advise = getattr(app.monitor, "advice", None)
-    if advise is None:
-        return None
-    try:
-        out = dict(_plain(advise(queue=queue, target_wait=target_wait)))
-    except Exception:
-        log.exception("monitor.advice failed")
-        return None
+def advice_plain(given: Any) -> dict[str, Any]:
+    """An :class:`~conveyor.monitor.Advice` as plain data (infinity as null)."""
+    out = dict(_plain(given))
     out.setdefault("reasons", [])
     eta = out.get("eta_seconds")
     if isinstance(eta, float) and math.isinf(eta):  # JSON has no infinity
@@ -68,53 +46,43 @@ def advice(app: Conveyor, queue: str, target_wait: float = 10) -> dict[str, Any]
     return out
 
 
-def _with_monitor(own: dict[str, Any], theirs: dict[str, Any] | None) -> dict[str, Any]:
-    """Prefer the monitor's figures where it gives them; keep ours for the rest."""
-    if not theirs:
-        return own
-    merged = dict(own)
-    for name, value in theirs.items():
-        if name in ("wait", "run") and isinstance(value, dict):
-            merged[name] = {f: value.get(f, own[name].get(f)) for f in DURATION_FIELDS}
-        elif name != "backlog" and value is not None:
-            merged[name] = value
-    return merged
+def advice(app: Conveyor, queue: str, target_wait: float = 10) -> dict[str, Any] | None:
+    """``app.monitor.advice(queue)`` as plain data, or None when it fails."""
+    try:
+        return advice_plain(app.monitor.advice(queue=queue, target_wait=target_wait))
+    except Exception:  # a figure failing must not take the page down
+        log.exception("monitor.advice failed")
+        return None
 
 
 def overview(app: Conveyor) -> dict[str, Any]:
-    """Every known queue with backlog, throughput, wait p95, sparklines and advice."""
-    names = app.known_queues()
-    now = series.server_time(app)
-    backlogs = queries.backlog(app, names)
-    starts, buckets = series.read_buckets(app, names, SPARK_WINDOW, now)
-    width = app.limits.bucket_seconds
-    rows = []
-    for queue in names:
-        recent = buckets[queue][-max(1, 60 // width):]  # the last minute
-        own = series.summary(series.merge(recent), len(recent) * width)
-        stats = _with_monitor(own, monitor_stats(app, queue=queue, window=60))
-        spark = series.series(starts, buckets[queue], width, points=60)
-        rows.append({"name": queue, **backlogs[queue], "throughput": stats["throughput"],
-                     "wait_p95": stats["wait"]["p95"], "advice": advice(app, queue),
+    """Every known queue with backlog, throughput, wait p95, sparklines and advice, from
+    one :meth:`~conveyor.monitor.Monitor.overview` (three round trips)."""
+    seen = app.monitor.overview(SPARK_WINDOW, 60)
+    rows: list[dict[str, Any]] = []
+    for q in seen.queues:
+        b, spark = q.backlog, series.chart(q.spark)
+        rows.append({"name": q.name, "ready": b.ready, "scheduled": b.scheduled,
+                     "active": b.active, "dead": b.dead, "paused": q.paused,
+                     "throughput": q.stats.throughput, "wait_p95": q.stats.wait.p95,
+                     "advice": advice_plain(q.advice),
                      "spark": {"t": spark["t"], "processed": spark["processed"],
                                "wait_p95": spark["wait_p95"]}})
-    live = queries.workers(app, now)
-    return {"time": now, "queues": rows, "tasks": queries.activity(app, names, now),
+    names = [q.name for q in seen.queues]
+    return {"time": seen.now, "queues": rows,
+            "tasks": queries.activity_rows(app, names, seen.active, seen.idle, seen.now),
             "totals": {k: sum(r[k] for r in rows) for k in ("ready", "scheduled", "active",
                                                             "dead")}
             | {"throughput": sum(r["throughput"] for r in rows)},
-            "workers": {"count": len(live),
-                        "capacity": sum(untrusted.integer(w.get("concurrency")) for w in live)}}
+            "workers": {"count": len(seen.workers),
+                        "capacity": sum(w.concurrency for w in seen.workers)}}
 
 
 def queue_detail(app: Conveyor, queue: str, window: float) -> dict[str, Any]:
     """One queue: backlog, stats over ``window``, per-priority and per-tenant backlog."""
-    now = series.server_time(app)
-    _, buckets = series.read_buckets(app, [queue], window, now)
-    own = series.summary(series.merge(buckets[queue]), window)
-    stats = _with_monitor(own, monitor_stats(app, queue=queue, window=window))
-    return {"name": queue, "time": now, "window": window,
-            "backlog": queries.backlog(app, [queue])[queue], "stats": stats,
+    stats = app.monitor.stats(queue=queue, window=window)
+    return {"name": queue, "time": stats.now, "window": window,
+            "backlog": queries.backlog(app, [queue])[queue], "stats": series.summary(stats),
             "advice": advice(app, queue), "flow": flow(app, queue),
             **queries.tenants(app, queue)}
 
@@ -137,29 +105,28 @@ def flow(app: Conveyor, queue: str, tenants: int = 50) -> dict[str, Any]:
 
 def queue_series(app: Conveyor, queue: str, window: float) -> dict[str, Any]:
     """Chart series of one queue over ``window`` seconds."""
-    starts, buckets = series.read_buckets(app, [queue], window)
-    return series.series(starts, buckets[queue], app.limits.bucket_seconds)
+    return series.chart(app.monitor.series(queue, window))
 
 
 def task_types(app: Conveyor, window: float) -> list[dict[str, Any]]:
-    """Every task type the app registers or the buckets mention, with activity and stats."""
-    names = app.known_queues()
+    """Every task type the app registers or the buckets mention, with activity and stats
+    (one read of the buckets and one of the activity for all of them)."""
     now = series.server_time(app)
-    _, buckets = series.read_buckets(app, names, window, now)
+    by_task = {(s.queue, s.task): s for s in app.monitor.stats_by_task(window=window)}
+    activity = {(a.queue, a.task): a for a in app.monitor.activity()}
     seen: dict[str, str] = {name: t.queue for name, t in app.tasks.items()}
-    for queue in names:
-        for bucket in buckets[queue]:
-            for task in bucket:
-                seen.setdefault(task, queue)
+    for queue, task in by_task:
+        seen.setdefault(task or "", queue or "")
     rows = []
     for task, queue in sorted(seen.items()):
         known = app.tasks.get(task)
         threshold = known.idle_threshold if known else 300.0
-        own = series.summary(series.merge(buckets.get(queue, []), task), window)
-        stats = _with_monitor(own, monitor_stats(app, task=task, window=window))
-        since = app.monitor.idle_since(task)
-        rows.append({"name": task, "queue": queue, "active": app.monitor.active(task),
+        stats = by_task.get((queue, task)) or app.monitor.stats(task=task, queue=queue,
+                                                                window=window)
+        act = activity.get((queue, task))
+        since = act.idle_since if act is not None else None
+        rows.append({"name": task, "queue": queue, "active": act.active if act else 0,
                      "idle_since": since, "idle_for": None if since is None else now - since,
-                     "idle": app.monitor.is_idle(task), "threshold": threshold,
-                     "registered": known is not None, **stats})
+                     "idle": act.idle if act is not None else True, "threshold": threshold,
+                     "registered": known is not None, **series.summary(stats)})
     return rows

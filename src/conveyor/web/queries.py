@@ -6,13 +6,12 @@ the same with ten tenants or a hundred thousand.
 
 from __future__ import annotations
 
-import datetime as dt
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from .. import untrusted
 from ..errors import EncodingError
 from ..job import JobInfo
+from ..monitor.lists import JOB_LISTS, read_schedules
 from ..worker import published, registry
 
 if TYPE_CHECKING:
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
 
 MAX_TENANTS = 25  # tenants shown per priority level
 TOP_TENANTS = 10
-LISTS = {"scheduled": "delayed", "active": "leases", "dead": "dead"}
+LISTS = JOB_LISTS
 
 
 def _text(value: Any) -> str:
@@ -45,33 +44,13 @@ def backlog(app: Conveyor, queues: list[str]) -> dict[str, dict[str, Any]]:
 
 def tenants(app: Conveyor, queue: str) -> dict[str, Any]:
     """Ready jobs per priority level and per tenant (capped), and the top tenants."""
-    k = app.keys(queue)
-    levels = [_text(p) for p in app.redis.zrange(k.priorities, 0, -1, desc=True)]
-    with app.redis.pipeline(transaction=False) as pipe:
-        for level in levels:
-            pipe.llen(k.ring_prefix + level).lrange(k.ring_prefix + level, 0, MAX_TENANTS - 1)
-        rings = pipe.execute()
-    shown: list[tuple[str, list[str], int]] = []
-    for i, level in enumerate(levels):
-        names = list(dict.fromkeys(_text(t) for t in rings[2 * i + 1]))
-        shown.append((level, names, int(rings[2 * i])))
-    with app.redis.pipeline(transaction=False) as pipe:
-        for level, names, _ in shown:
-            for name in names:
-                pipe.llen(f"{k.ready_prefix}{level}:{name}")
-        lengths = iter(pipe.execute())
-    priorities: list[dict[str, Any]] = []
-    top = Counter[str]()
-    for level, names, ring_len in shown:
-        counted = sorted(((name or "(none)", int(next(lengths))) for name in names),
-                         key=lambda pair: -pair[1])
-        top.update(dict(counted))
-        rows = [{"tenant": tenant, "ready": n} for tenant, n in counted]
-        priorities.append({"priority": int(level), "tenants": rows,
-                           "ready": sum(n for _, n in counted),
-                           "tenant_count": ring_len, "hidden": max(0, ring_len - len(rows))})
-    top_rows = [{"tenant": t, "ready": n} for t, n in top.most_common(TOP_TENANTS)]
-    return {"priorities": priorities, "top_tenants": top_rows}
+    seen = app.monitor.tenants(queue, MAX_TENANTS, TOP_TENANTS)
+    priorities = [{"priority": level.priority,
+                   "tenants": [{"tenant": t, "ready": n} for t, n in level.tenants],
+                   "ready": level.ready, "tenant_count": level.tenant_count,
+                   "hidden": level.hidden} for level in seen.levels]
+    return {"priorities": priorities,
+            "top_tenants": [{"tenant": t, "ready": n} for t, n in seen.top]}
 
 
 def activity(app: Conveyor, queues: list[str], now: float) -> list[dict[str, Any]]:
@@ -80,17 +59,26 @@ def activity(app: Conveyor, queues: list[str], now: float) -> list[dict[str, Any
         for queue in queues:
             pipe.hgetall(app.keys(queue).active).hgetall(app.keys(queue).idle)
         replies = pipe.execute()
+    active = {q: {_text(k): max(0, untrusted.integer(v)) for k, v in replies[2 * i].items()}
+              for i, q in enumerate(queues)}
+    idle = {q: {_text(k): t for k, v in replies[2 * i + 1].items()
+                if (t := untrusted.number(v)) is not None} for i, q in enumerate(queues)}
+    return activity_rows(app, queues, active, idle, now)
+
+
+def activity_rows(app: Conveyor, queues: list[str], active: dict[str, dict[str, int]],
+                  idle: dict[str, dict[str, float]], now: float) -> list[dict[str, Any]]:
+    """Activity rows from jobs running and last finishes per queue and task type."""
     rows = []
-    for i, queue in enumerate(queues):
-        active = {_text(k): max(0, untrusted.integer(v)) for k, v in replies[2 * i].items()}
-        idle = {_text(k): t for k, v in replies[2 * i + 1].items()
-                if (t := untrusted.number(v)) is not None}
-        names = set(active) | set(idle) | {t.name for t in app.tasks.values() if t.queue == queue}
+    for queue in queues:
+        running_of, idle_of = active.get(queue, {}), idle.get(queue, {})
+        names = set(running_of) | set(idle_of)
+        names |= {t.name for t in app.tasks.values() if t.queue == queue}
         for name in sorted(names):
             known = app.tasks.get(name)
             threshold = known.idle_threshold if known else 300.0
-            since = idle.get(name)
-            running = active.get(name, 0)
+            since = idle_of.get(name)
+            running = running_of.get(name, 0)
             rows.append({"name": name, "queue": queue, "active": running, "idle_since": since,
                          "idle_for": None if since is None else max(0.0, now - since),
                          "threshold": threshold,
@@ -111,26 +99,13 @@ def list_jobs(app: Conveyor, queue: str, state: str, offset: int = 0,
 
     :raises KeyError: ``state`` is not scheduled, active or dead
     """
-    k = app.keys(queue)
-    key = getattr(k, LISTS[state])
-    newest_first = state == "dead"
-    with app.redis.pipeline(transaction=False) as pipe:
-        pipe.zcard(key).zrange(key, offset, offset + limit - 1, desc=newest_first,
-                               withscores=True)
-        total, members = pipe.execute()
-    ids = [(_text(m), float(score)) for m, score in members]
-    with app.redis.pipeline(transaction=False) as pipe:
-        for short, _ in ids:
-            pipe.hgetall(k.job(short))
-        records = pipe.execute()
+    page = app.monitor.jobs(queue, state, offset, limit)
     jobs = []
-    for (short, score), record in zip(ids, records, strict=True):
-        if not record:  # expired or removed between the two reads
-            continue
-        row = info_dict(JobInfo.from_record(app, queue, short, record))
-        row["due"] = score / 1000  # run time, lease deadline or death, epoch s
+    for info, due in page.jobs:
+        row = info_dict(info)
+        row["due"] = due  # run time, lease deadline or death, epoch s
         jobs.append(row)
-    return {"queue": queue, "state": state, "total": int(total), "offset": offset,
+    return {"queue": queue, "state": state, "total": page.total, "offset": offset,
             "limit": limit, "jobs": jobs}
 
 
@@ -215,32 +190,8 @@ def supervisors(app: Conveyor, now: float, decisions: int = 10) -> list[dict[str
 
 def schedules(app: Conveyor, now: float) -> list[dict[str, Any]]:
     """Periodic jobs with their cron, next fire (UTC) and last fired tick when recorded."""
-    from croniter import croniter
-
-    periodics = list(app.periodics)
-    with app.redis.pipeline(transaction=False) as pipe:
-        for periodic in periodics:
-            pipe.get(app.keys(periodic.task.queue).schedule_prefix + periodic.task.name)
-        lasts = pipe.execute()
-    start = dt.datetime.fromtimestamp(now, dt.UTC)
-    rows = []
-    for periodic, last in zip(periodics, lasts, strict=True):
-        next_after = getattr(periodic, "next_after", None)  # knows six-field (seconds) crons
-        try:
-            next_fire: float | None = (float(next_after(now)) if next_after is not None else
-                                       float(croniter(periodic.cron, start).get_next(float)))
-        except (ValueError, KeyError):
-            next_fire = None
-        last_fire = None
-        if last is not None:
-            try:
-                value = float(_text(last))
-                last_fire = value / 1000 if value > 1e11 else value  # ms or s
-            except ValueError:
-                last_fire = None
-        rows.append({"task": periodic.task.name, "queue": periodic.task.queue,
-                     "cron": periodic.cron, "next": next_fire, "last": last_fire})
-    return rows
+    return [{"task": r.task, "queue": r.queue, "cron": r.cron, "next": r.next, "last": r.last}
+            for r in read_schedules(app, now)]
 
 
 WORKFLOW_GROUPS = ("active", "retrying", "ready", "scheduled", "dead", "cancelled", "succeeded")

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from .. import untrusted
+from ..monitor.histogram import Histogram
+from ..monitor.stats import bucket_starts, merge, parse_replies, queue_buckets
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -155,23 +158,16 @@ class Autoscaler:
                             "the served task types are idle and nothing is ready")
 
 
-HISTOGRAM_GROWTH = 1.1  # keep in step with scripts/include/metrics.lua
 P95_WINDOW = 20.0  # seconds of recently started jobs the observed p95 wait covers
 
 
 def p95_from_bins(bins: dict[int, int]) -> float | None:
-    """p95 (seconds) of a log histogram of ``bin -> count`` as laid out by metrics.lua."""
-    total = sum(bins.values())
-    if total == 0:
-        return None
-    rank = math.ceil(0.95 * total)
-    seen = 0
-    for index in sorted(bins):
-        seen += bins[index]
-        if seen >= rank:
-            # bin 0 is under 1 us; bin i >= 1 spans [g^(i-1), g^i) us: take its middle.
-            return 0.0 if index == 0 else float(HISTOGRAM_GROWTH ** (index - 0.5) / 1e6)
-    return None  # pragma: no cover - the loop always reaches the rank
+    """p95 (seconds) of a log histogram of ``bin -> count`` as laid out by metrics.lua,
+    by the monitor's one percentile rule (:meth:`conveyor.monitor.histogram.Histogram.quantile`)."""
+    histogram = Histogram()
+    for index, n in bins.items():
+        histogram.add_bin(index, n)
+    return histogram.quantile(0.95)
 
 
 class SignalReader:
@@ -198,26 +194,19 @@ class SignalReader:
 
         :param now: server epoch seconds
         """
-        width = self.app.limits.bucket_seconds
-        start = int(now // width) * width
-        starts = range(start - int(P95_WINDOW // width) * width, start + 1, width)
+        starts = bucket_starts(now, P95_WINDOW, self.app.limits.bucket_seconds)
+        keys = {q: self.app.keys(q) for q in self.queues}
         with self.app.redis.pipeline(transaction=False) as pipe:
-            for queue in self.queues:
-                k = self.app.keys(queue)
+            for k in keys.values():
                 pipe.hget(k.counts, "ready")
-                for bucket in starts:
-                    pipe.hgetall(k.metrics(bucket))
-            replies = pipe.execute()
-        ready, bins = 0, Counter[int]()
-        per_queue = 1 + len(starts)
-        for i in range(0, len(replies), per_queue):
-            ready += max(0, int(replies[i] or 0))
-            for fields in replies[i + 1 : i + per_queue]:
-                for name, value in fields.items():
-                    parts = name.decode().rsplit("|", 2)
-                    if len(parts) == 3 and parts[1] == "w" and parts[2].isdigit():
-                        bins[int(parts[2])] += int(value)
-        return max(0, ready - self._held()), p95_from_bins(dict(bins))
+                queue_buckets(pipe, k, starts)
+            replies = iter(pipe.execute())
+        ready, waits = 0, Histogram()
+        for _ in keys:
+            ready += max(0, untrusted.integer(next(replies)))
+            for bucket in parse_replies([next(replies) for _ in starts]):
+                waits.merge(merge([bucket]).wait)
+        return max(0, ready - self._held()), waits.quantile(0.95)
 
     def _held(self) -> int:
         from ..monitor.flow import read_flow

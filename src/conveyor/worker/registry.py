@@ -197,16 +197,31 @@ def live_workers(app: Conveyor, interval: float = HEARTBEAT_SECONDS,
     :param interval: the heartbeat interval the workers use
     :param now: the server's clock (epoch s) when the caller has read it already
     """
-    key = keyspace.workers_key(app.namespace)
     if now is None:
         now = server_time(app)
-    cutoff_ms = int((now - stale_after(interval)) * 1000)
     with app.redis.pipeline(transaction=False) as pipe:
-        pipe.zremrangebyscore(key, "-inf", cutoff_ms)
-        pipe.zrange(key, 0, -1, withscores=True)
+        queue_members(pipe, app, now, interval)
         members: list[tuple[bytes, float]] = pipe.execute()[1]
+    return read_members(app, members)
+
+
+def queue_members(pipe: Any, app: Conveyor, now: float,
+                  interval: float = HEARTBEAT_SECONDS) -> None:
+    """Queue on ``pipe`` the two commands whose second reply :func:`read_members` takes:
+    drop the entries of workers that stopped beating, then list the others with their
+    last beat (for callers that batch this with other reads)."""
+    key = keyspace.workers_key(app.namespace)
+    cutoff_ms = int((now - stale_after(interval)) * 1000)
+    pipe.zremrangebyscore(key, "-inf", cutoff_ms)
+    pipe.zrange(key, 0, -1, withscores=True)
+
+
+def read_members(app: Conveyor, members: list[tuple[bytes, float]]) -> list[WorkerInfo]:
+    """The records of the registry members listed by :func:`queue_members` (one round
+    trip; none when there are no members)."""
     if not members:
         return []
+    key = keyspace.workers_key(app.namespace)
     with app.redis.pipeline(transaction=False) as pipe:
         for member, _ in members:
             pipe.hgetall(keyspace.worker_key(app.namespace, _text(member)))

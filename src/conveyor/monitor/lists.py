@@ -1,0 +1,148 @@
+"""Bounded lists for operators: ready jobs per priority and tenant, a page of the
+scheduled, active or dead jobs, and the periodic jobs with their last and next fire.
+
+Every list is capped (tenants per level, a page of jobs) so it costs the same with ten
+tenants or a hundred thousand. Key names come from :mod:`conveyor.keys` only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import untrusted
+from ..job import JobInfo
+
+if TYPE_CHECKING:
+    from ..app import Conveyor
+
+JOB_LISTS = {"scheduled": "delayed", "active": "leases", "dead": "dead"}
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityLevel:
+    """Ready jobs of one priority level: the first tenants in turn order (at most the
+    cap asked for) with their ready jobs, largest first; ``tenant_count`` all tenants."""
+
+    priority: int
+    tenants: list[tuple[str, int]]
+    tenant_count: int
+
+    @property
+    def ready(self) -> int:
+        return sum(n for _, n in self.tenants)
+
+    @property
+    def hidden(self) -> int:
+        return max(0, self.tenant_count - len(self.tenants))
+
+
+@dataclass(frozen=True, slots=True)
+class Tenants:
+    """Ready jobs of a queue per priority level (highest first) and the largest tenants
+    among those shown."""
+
+    levels: list[PriorityLevel]
+    top: list[tuple[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of a job list; ``due`` of each job: its run time (scheduled), lease
+    deadline (active) or time of death (dead), epoch s."""
+
+    queue: str
+    state: str
+    total: int
+    offset: int
+    limit: int
+    jobs: list[tuple[JobInfo, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRow:
+    """A periodic job: its cron, next fire and last fired tick (epoch s, None unknown)."""
+
+    task: str
+    queue: str
+    cron: str
+    next: float | None
+    last: float | None
+
+
+def _text(value: Any) -> str:
+    return untrusted.text(value) or ""
+
+
+def read_tenants(app: Conveyor, queue: str, most: int = 25, top: int = 10) -> Tenants:
+    """Two round trips: the levels with their rings, then each shown tenant's length."""
+    k = app.keys(queue)
+    levels = [_text(p) for p in app.redis.zrange(k.priorities, 0, -1, desc=True)]
+    with app.redis.pipeline(transaction=False) as pipe:
+        for level in levels:
+            pipe.llen(k.ring(level)).lrange(k.ring(level), 0, most - 1)
+        rings = pipe.execute()
+    shown = [(level, list(dict.fromkeys(_text(t) for t in rings[2 * i + 1])),
+              int(rings[2 * i])) for i, level in enumerate(levels)]
+    with app.redis.pipeline(transaction=False) as pipe:
+        for level, names, _ in shown:
+            for name in names:
+                pipe.llen(k.ready(f"{level}:{name}"))
+        lengths = iter(pipe.execute())
+    out, largest = [], Counter[str]()
+    for level, names, ring_len in shown:
+        counted = sorted(((name or "(none)", int(next(lengths))) for name in names),
+                         key=lambda pair: -pair[1])
+        largest.update(dict(counted))
+        out.append(PriorityLevel(untrusted.integer(level), counted, ring_len))
+    return Tenants(out, largest.most_common(top))
+
+
+def read_jobs(app: Conveyor, queue: str, state: str, offset: int = 0,
+              limit: int = 50) -> JobPage:
+    """Scheduled (soonest first), active or dead (newest first) jobs; two round trips.
+
+    :raises KeyError: ``state`` is not scheduled, active or dead
+    """
+    k = app.keys(queue)
+    key = getattr(k, JOB_LISTS[state])
+    with app.redis.pipeline(transaction=False) as pipe:
+        pipe.zcard(key).zrange(key, offset, offset + limit - 1, desc=state == "dead",
+                               withscores=True)
+        total, members = pipe.execute()
+    ids = [(_text(m), float(score)) for m, score in members]
+    with app.redis.pipeline(transaction=False) as pipe:
+        for short, _ in ids:
+            pipe.hgetall(k.job(short))
+        records = pipe.execute()
+    jobs = [(JobInfo.from_record(app, queue, short, record), score / 1000)
+            for (short, score), record in zip(ids, records, strict=True)
+            if record]  # a record may expire or go between the two reads
+    return JobPage(queue, state, int(total), offset, limit, jobs)
+
+
+def read_schedules(app: Conveyor, now: float) -> list[ScheduleRow]:
+    """Periodic jobs with their next fire after ``now`` and last fired tick."""
+    from croniter import croniter
+
+    periodics = list(app.periodics)
+    with app.redis.pipeline(transaction=False) as pipe:
+        for periodic in periodics:
+            pipe.get(app.keys(periodic.task.queue).schedule(periodic.name))
+        lasts = pipe.execute()
+    start = dt.datetime.fromtimestamp(now, dt.UTC)
+    rows = []
+    for periodic, last in zip(periodics, lasts, strict=True):
+        next_after = getattr(periodic, "next_after", None)  # knows six-field (seconds) crons
+        try:
+            next_fire: float | None = (float(next_after(now)) if next_after is not None else
+                                       float(croniter(periodic.cron, start).get_next(float)))
+        except (ValueError, KeyError):
+            next_fire = None
+        value = untrusted.number(last) if last is not None else None
+        last_fire = None if value is None else value / 1000 if value > 1e11 else value
+        rows.append(ScheduleRow(periodic.task.name, periodic.task.queue, periodic.cron,
+                                next_fire, last_fire))
+    return rows
