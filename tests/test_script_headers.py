@@ -1,13 +1,19 @@
 """Each Lua script's header names its KEYS and ARGV; the Python wrappers must agree."""
 
 import re
+import subprocess
+import sys
+import textwrap
+import uuid
 from collections.abc import Callable
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
 from conveyor.keys import QueueKeys
 from conveyor.scripts import SCRIPT_NAMES, assemble, calls, source
+from helpers import RedisServer, env_with_src
 
 HEADER = re.compile(r"^-- (KEYS|ARGV)\[(\d+)\]\s+(\w+)", re.MULTILINE)
 
@@ -88,3 +94,31 @@ def test_include_cycles_and_missing_files_are_refused_by_name() -> None:
         assemble("s", missing)
     with pytest.raises(ValueError, match="shebang"):
         assemble("s", _files(**{"s.lua": "return 1\n"}))
+
+
+def test_scripts_are_read_when_conveyor_is_imported_not_later(redis_server: RedisServer,
+                                                              tmp_path: Path) -> None:
+    # A deploy may replace the files under a running process; a script read after that
+    # would be sent the old process's arguments (a long chaos run met exactly that).
+    program = tmp_path / "deploy.py"
+    program.write_text(textwrap.dedent(f"""
+        import importlib.resources
+        import conveyor
+
+        def gone(*args, **kwargs):
+            raise AssertionError("a script file was read after import")
+
+        importlib.resources.files = gone
+        app = conveyor.Conveyor({redis_server.url!r}, namespace="deploy{uuid.uuid4().hex[:6]}")
+
+        @app.task(name="t", queue="q")
+        def t(x: int) -> int:
+            return x
+
+        job = t.enqueue(1)
+        print(job.info().state.value)
+    """))
+    done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                          timeout=60, env=env_with_src())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ready"

@@ -96,6 +96,13 @@ def assemble(name: str, read: Callable[[str], str]) -> str:
     return resolve(text, ())
 
 
+# Every script is read and assembled once, when this module is imported: a process keeps
+# the Lua that matches the Python it loaded, also when a deploy replaces the files under a
+# running process (a script read later from the new files would get the old arguments).
+for _name in SCRIPT_NAMES:
+    source(_name)
+
+
 def _identity(reply: Any) -> Any:
     return reply
 
