@@ -165,11 +165,21 @@ class ChaosRun:
                       TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
                       console=self.console, transient=False) as progress:
             bar = progress.add_task("faults", total=self.profile.jobs, detail="")
+            # Faults run for at most twice their time (kinds that found nothing to hit are
+            # tried again); past that, the run's own machinery is stuck: say so, stop.
+            p = self.profile
+            give_up = time.monotonic() + 2 * p.fault_seconds + p.enqueue_seconds + 120
             while any(t.is_alive() for t in threads):
+                if time.monotonic() > give_up:
+                    stuck = ", ".join(t.name for t in threads if t.is_alive())
+                    self.errors.append(f"the {stuck} thread(s) did not end in time;"
+                                       f" {producer.enqueued} of {p.jobs} jobs enqueued")
+                    self.stop.set()
+                    break
                 self._tick(fleet, tasks, producer, progress, bar)
             progress.update(bar, description="settle")
             deadline = time.monotonic() + self.profile.settle_seconds
-            while time.monotonic() < deadline:
+            while not self.stop.is_set() and time.monotonic() < deadline:
                 if self._tick(fleet, tasks, producer, progress, bar):
                     break
         for t in threads:
