@@ -143,8 +143,13 @@ class Producer:
         if not candidates:
             return None
         label, job = self.rng.choice(candidates)
+        return self._cancel(label, job)
+
+    def _cancel(self, label: str, job: Job, reason: str | None = None) -> str | None:
+        """Cancel ``job``, noting the outcome: ``label`` if it was cancelled, else None
+        (a cancel that raised may or may not have been applied)."""
         try:
-            done = job.cancel()
+            done = job.cancel(reason=reason) if reason else job.cancel()
         except ERRORS:
             with self.lock:
                 self.cancel_unknown.add(label)
@@ -171,17 +176,7 @@ class Producer:
                 return None
             if not running:
                 continue
-            try:
-                done = job.cancel(reason="chaos")
-            except ERRORS:
-                with self.lock:
-                    self.cancel_unknown.add(label)
-                return None
-            if not done:
-                return None
-            with self.lock:
-                self.cancelled.add(label)
-            return label
+            return self._cancel(label, job, reason="chaos")
         return None
 
     def snapshot(self) -> dict[str, tuple[str, Job]]:
