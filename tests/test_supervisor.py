@@ -184,4 +184,7 @@ def test_burst_supervisor_exits_once_the_work_is_done(launch: Any, redis_server:
     sup = launch("-p", "2", "-c", "2", "--burst")
     assert sup.process is not None
     assert sup.process.wait(60) == 0, sup.log()
-    assert succeeded(sup, jobs) and sup.counts() == {f"u{n}": 1 for n in range(20)}
+    unfinished = [(j.id, i.state.value, i.attempts, i.error) for j in jobs
+                  if (i := j.info()).state.value != "succeeded"]
+    assert not unfinished, f"the burst ended before these jobs succeeded: {unfinished}"
+    assert sup.counts() == {f"u{n}": 1 for n in range(20)}

@@ -8,6 +8,7 @@ Redis and the namespace come from ``$CONVEYOR_REDIS_URL`` and ``$SUPERVISED_NAME
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import redis
@@ -20,6 +21,7 @@ IDLE_THRESHOLD = 1.0  # short, so the autoscaler scales in soon after a burst
 STUCK_TIMEOUT = 0.5
 
 _ledger: redis.Redis | None = None
+_ledger_lock = threading.Lock()
 
 
 def counts_key(namespace: str = NAMESPACE) -> str:
@@ -32,9 +34,14 @@ def runs_key(namespace: str = NAMESPACE) -> str:
 
 def note(label: str) -> None:
     global _ledger
-    if _ledger is None:
-        _ledger = redis.Redis.from_url(app.url)
-    with _ledger.pipeline(transaction=False) as pipe:
+    # One client for the process, made under a lock: two first jobs on two threads that
+    # each made one would leave one client to the garbage collector, which closes its
+    # connections, one of them in use by the other job (its ledger write then failed).
+    with _ledger_lock:
+        if _ledger is None:
+            _ledger = redis.Redis.from_url(app.url)
+        ledger = _ledger
+    with ledger.pipeline(transaction=False) as pipe:
         pipe.hincrby(counts_key(), label, 1)
         pipe.rpush(runs_key(), f"{label} {os.getpid()}")
         pipe.execute()
