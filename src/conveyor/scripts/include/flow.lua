@@ -94,14 +94,19 @@ local function flow_unpark_tenant(k, tenant)
   return found
 end
 
--- Return every parked tenant whose time has come (at most `limit`).
-local function flow_unpark_due(k, now, limit)
-  local due = redis.call('ZRANGE', k.parked, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
-  for _, member in ipairs(due) do
+-- Return the parked entries `members` ('<priority>:<tenant>') to their rings.
+local function flow_unpark_members(k, members)
+  for _, member in ipairs(members) do
     redis.call('ZREM', k.parked, member)
     local p, tenant = string.match(member, '^(%d):(.*)$')
     if p then flow_return(k, p, tenant) end
   end
+end
+
+-- Return every parked tenant whose time has come (at most `limit`).
+local function flow_unpark_due(k, now, limit)
+  flow_unpark_members(k, redis.call('ZRANGE', k.parked, '-inf', now, 'BYSCORE', 'LIMIT', 0,
+    limit))
 end
 
 -- Return every parked tenant (the limits changed).
@@ -109,11 +114,7 @@ local function flow_unpark_all(k)
   while true do
     local batch = redis.call('ZRANGE', k.parked, 0, 999)
     if #batch == 0 then return end
-    for _, member in ipairs(batch) do
-      redis.call('ZREM', k.parked, member)
-      local p, tenant = string.match(member, '^(%d):(.*)$')
-      if p then flow_return(k, p, tenant) end
-    end
+    flow_unpark_members(k, batch)
   end
 end
 
