@@ -95,7 +95,7 @@ def test_unknown_task_and_corrupt_payload_go_dead_and_worker_continues(
 
     lost = ghost_task.enqueue()
     corrupt = known.enqueue(1)
-    app.redis.hset(app.keys("default").job(corrupt.short_id), "args", b"\xff{not json")
+    app.redis.hset(app.keys("default").job(corrupt.short_id), "a", b"\xff{not json")
     fine = known.enqueue(7)
     with running_worker(app, concurrency=2):
         assert fine.result(timeout=10) == 7
@@ -271,8 +271,8 @@ def test_a_mangled_record_does_not_stop_the_queue(app: conveyor.Conveyor) -> Non
 
     mangled = ok.enqueue(1)
     key = app.keys("default").job(mangled.short_id)
-    app.redis.hset(key, mapping={"attempts": "many", "enqueued_at": "yesterday"})
-    app.redis.hdel(key, "task")
+    app.redis.hset(key, mapping={"attempts": "many", "e": "yesterday"})
+    app.redis.hdel(key, "t")
     fine = ok.enqueue_many([(i,) for i in range(20)])
     with running_worker(app, concurrency=4):
         assert [j.result(timeout=10) for j in fine] == list(range(20))

@@ -52,7 +52,7 @@ def test_debounce_max_bounds_the_delay(app: conveyor.Conveyor) -> None:
         assert send(f"[[{i + 2}]]".encode(), at) == [(first, False)]
     # 5 s after the last (t0 + 16 s) would pass the 12 s bound: it runs at t0 + 12 s.
     assert app.redis.zscore(k.delayed, first) == pytest.approx(t0 + 12_000)
-    assert app.redis.hget(k.job(first), "args") == b"[[4]]"
+    assert app.redis.hget(k.job(first), "a") == b"[[4]]"
 
 
 def test_a_started_debounced_job_is_left_alone(app: conveyor.Conveyor) -> None:

@@ -24,10 +24,10 @@ def test_a_durable_enqueue_returns_once_the_replica_has_the_job(
     try:
         job = task.options(durable=True).enqueue(1)
         # Read from the replica straight away: WAIT returned only once it had the job.
-        assert replica.client().hget(app.keys("q").job(job.short_id), "state") == b"ready"
+        assert replica.client().hget(app.keys("q").job(job.short_id), "s") == b"ready"
         jobs = task.options(durable=True).enqueue_many([(n,) for n in range(3000)])
         last = jobs[-1]
-        assert replica.client().hget(app.keys("q").job(last.short_id), "state") == b"ready"
+        assert replica.client().hget(app.keys("q").job(last.short_id), "s") == b"ready"
 
         replica.client().execute_command("CLIENT", "PAUSE", 3000, "ALL")  # it stops acking
         with pytest.raises(conveyor.NotReplicated) as caught:

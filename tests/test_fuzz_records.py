@@ -29,8 +29,8 @@ from helpers import RedisServer, env_with_src
 
 EXAMPLES = int(os.environ.get("CONVEYOR_FUZZ_EXAMPLES", "60"))
 VT = 1000
-FIELDS = ("state", "priority", "attempts", "max_attempts", "vt", "task", "tenant",
-          "enqueued_at", "run_at", "args", "token", "key", "started_at")
+FIELDS = ("s", "p", "attempts", "m", "v", "t", "tenant",
+          "e", "run_at", "a", "token", "key", "started_at")
 JUNK = st.one_of(
     st.sampled_from([b"", b"-1", b"0", b"10", b"1e400", b"nan", b"inf", b"1.5", b"ready",
                      b"active", b"scheduled", b"dead", b"\xff\xfe", b"\x00", b"[[],{}]"]),
@@ -128,10 +128,10 @@ def _mangled_queue(app: conveyor.Conveyor) -> list[conveyor.Job]:
 
     jobs = [*ok.enqueue_many([(i,) for i in range(6)]), ok.options(delay=60).enqueue(9)]
     k = app.keys("fz")
-    app.redis.hset(k.job(jobs[0].short_id), "state", b"\xff")
-    app.redis.hset(k.job(jobs[1].short_id), "enqueued_at", "yesterday")
-    app.redis.hset(k.job(jobs[2].short_id), "task", b"\xfe\xff")
-    app.redis.hdel(k.job(jobs[3].short_id), "state", "priority", "enqueued_at")
+    app.redis.hset(k.job(jobs[0].short_id), "s", b"\xff")
+    app.redis.hset(k.job(jobs[1].short_id), "e", "yesterday")
+    app.redis.hset(k.job(jobs[2].short_id), "t", b"\xfe\xff")
+    app.redis.hdel(k.job(jobs[3].short_id), "s", "p", "e")
     app.redis.hset(k.job(jobs[4].short_id), "tenant", b"\x80")
     app.redis.zadd(k.dead, {b"\xffghost": 1})
     app.redis.zadd(k.delayed, {b"nobody": 2})
@@ -175,7 +175,7 @@ def test_a_leased_record_that_lost_its_task_gives_its_active_count_back(
     assert [j.short_id for j in app.scripts.run(calls.fetch(k, 1, app.limits, now=now)).jobs
             ] == ["j0"]
     app.redis.delete(k.job("j0"))
-    app.redis.hset(k.job("j0"), "state", b"")
+    app.redis.hset(k.job("j0"), "s", b"")
     app.scripts.run(calls.fetch(k, 1, app.limits, now=now + 3 * VT))
     assert app.redis.hget(k.active, "t") == b"0"
-    assert app.redis.hget(k.job("j0"), "state") == b"dead"
+    assert app.redis.hget(k.job("j0"), "s") == b"dead"

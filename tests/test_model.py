@@ -477,7 +477,7 @@ class QueueMachine(RuleBasedStateMachine):
         redis = self.app.redis
         with redis.pipeline(transaction=False) as pipe:
             for short_id in self.jobs:
-                pipe.hmget(self.k.job(short_id), "state", "attempts", "progress", "tr",
+                pipe.hmget(self.k.job(short_id), "s", "attempts", "progress", "tr",
                            "step:s1", "step:s2")
             records = pipe.execute()
         for (short_id, model), record in zip(self.jobs.items(), records, strict=True):

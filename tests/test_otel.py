@@ -149,7 +149,7 @@ def test_the_enqueue_trace_id_reaches_the_sink_rows(
     with running_worker(app, queues=["sunk"], concurrency=4):
         wait_until(lambda: all(j.info().state.finished for j in jobs), 30, message="jobs done")
     # Only the record carries the trace id; the payload's meta does not.
-    payload = app.redis.hget(app.keys("sunk").job(split_job_id(one.id)[1]), "args")
+    payload = app.redis.hget(app.keys("sunk").job(split_job_id(one.id)[1]), "a")
     assert payload is not None and "conveyor.trace_id" not in app.codec.decode_meta(payload)
     assert app.redis.hget(app.keys("sunk").job(split_job_id(plain.id)[1]), "tr") is None
 

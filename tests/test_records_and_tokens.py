@@ -16,11 +16,11 @@ from conveyor.scripts import calls
 from helpers import running_worker, wait_until
 
 BAD_FIELDS = {
-    "max_attempts": ({"max_attempts": "x"}, "field 'max_attempts' is not an integer"),
-    "vt": ({"vt": "soon"}, "field 'vt' is not a positive number"),
-    "priority": ({"priority": "high"}, "field 'priority' is not an integer 0-9"),
-    "state": ({"state": "limbo"}, "field 'state' is not a job state"),
-    "task": ({"task": b"\xff\xfe"}, "field 'task' is not valid UTF-8"),
+    "max_attempts": ({"m": "x"}, "field 'max_attempts' is not an integer"),
+    "vt": ({"v": "soon"}, "field 'vt' is not a positive number"),
+    "priority": ({"p": "high"}, "field 'priority' is not an integer 0-9"),
+    "state": ({"s": "limbo"}, "field 'state' is not a job state"),
+    "task": ({"t": b"\xff\xfe"}, "field 'task' is not valid UTF-8"),
 }
 
 
@@ -53,7 +53,7 @@ def test_a_mangled_delayed_job_does_not_wedge_the_queue(app: conveyor.Conveyor) 
         return x
 
     mangled = ok.options(delay=0.2).enqueue(1)
-    app.redis.hset(app.keys("q").job(mangled.short_id), "priority", "urgent")
+    app.redis.hset(app.keys("q").job(mangled.short_id), "p", "urgent")
     with running_worker(app, queues=["q"], concurrency=2):
         wait_until(lambda: mangled.info().state == "dead", 10, message="the mangled job dead")
         assert ok.enqueue(2).result(timeout=10) == 2  # promotion did not fail the fetch
@@ -61,12 +61,12 @@ def test_a_mangled_delayed_job_does_not_wedge_the_queue(app: conveyor.Conveyor) 
 
 
 def test_job_info_of_a_mangled_record_never_raises(app: conveyor.Conveyor) -> None:
-    record: dict[Any, Any] = {b"state": b"\xff", b"task": b"\xfe", b"priority": b"p",
-                              b"attempts": b"?", b"enqueued_at": b"then", b"tenant": b"\x80"}
+    record: dict[Any, Any] = {b"s": b"\xff", b"t": b"\xfe", b"p": b"p",
+                              b"attempts": b"?", b"e": b"then", b"tenant": b"\x80"}
     info = conveyor.JobInfo.from_record(app, "q", "x", record)
     assert info.state == "dead" and "field 'state'" in (info.error or "")
     assert (info.priority, info.attempts, info.enqueued_at) == (5, 0, None)
-    record = {b"state": b"succeeded", b"result": b"[" * 100_000}
+    record = {b"s": b"succeeded", b"result": b"[" * 100_000}
     assert "undecodable" in str(conveyor.JobInfo.from_record(app, "q", "y", record).result)
 
 

@@ -36,7 +36,7 @@ def finish(app: conveyor.Conveyor, *outcomes: calls.Outcome, now: float | None =
 
 
 def state(app: conveyor.Conveyor, short: str) -> str:
-    return app.redis.hget(app.keys(Q).job(short), "state").decode()
+    return app.redis.hget(app.keys(Q).job(short), "s").decode()
 
 
 def test_enqueue_stores_record_and_wakes(app: conveyor.Conveyor) -> None:

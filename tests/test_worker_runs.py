@@ -141,7 +141,7 @@ def test_a_deeply_nested_payload_dead_letters_its_job(app: conveyor.Conveyor) ->
     job = nested.enqueue(1)
     depth = 200_000
     key = app.keys("q").job(job.id.split("~")[1])
-    app.redis.hset(key, "args", b"[[" + b"[" * depth + b"]" * depth + b"],{}]")
+    app.redis.hset(key, "a", b"[[" + b"[" * depth + b"]" * depth + b"],{}]")
     with running_worker(app, queues=["q"], concurrency=2):
         wait_until(lambda: job.info().state == "dead", 15, message="the nested job dead")
         ok = app.task(name="after", queue="q")(lambda: 7).enqueue()

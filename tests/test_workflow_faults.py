@@ -195,8 +195,8 @@ def test_mangled_node_records_and_entries_never_stop_a_drain(app: conveyor.Conve
     handle = wf.enqueue()
     k = app.keys("q")
     a_short, b_short = a.id.split("~")[1], b.id.split("~")[1]
-    app.redis.hset(k.job(a_short), mapping={"state": "succeeded", "wfc": b"\xff{not json"})
-    app.redis.hset(k.job(b_short), mapping={"state": "dead", "wf": "no-separator"})
+    app.redis.hset(k.job(a_short), mapping={"s": "succeeded", "wfc": b"\xff{not json"})
+    app.redis.hset(k.job(b_short), mapping={"s": "dead", "wf": "no-separator"})
     app.redis.rpush(k.handover, a_short, b_short, "nonsense entry", b"\xff\xfe")
     drain_sync(app, ["q"])  # never raises
     assert app.redis.llen(k.handover) == 0

@@ -14,11 +14,16 @@ from typing import TYPE_CHECKING, Any, Generic
 from typing_extensions import TypeVar
 
 from . import keys as keyspace
+from . import record as record_fields
 from .errors import EncodingError, JobCancelled, JobFailed, JobNotFound, ResultTimeout
 from .scripts import calls
 from .untrusted import integer as _int
 from .untrusted import number as _time
 from .untrusted import text as _text
+
+F_TASK, F_STATE = record_fields.TASK.encode(), record_fields.STATE.encode()
+F_ENQUEUED = record_fields.ENQUEUED_MS.encode()
+F_PRIORITY, F_MAX_ATTEMPTS = record_fields.PRIORITY.encode(), record_fields.MAX_ATTEMPTS.encode()
 
 if TYPE_CHECKING:
     from .app import Conveyor
@@ -92,10 +97,11 @@ class JobInfo:
     ) -> JobInfo:
         """Build from a job hash as HGETALL returns it."""
         get = record.get
-        enqueued_at = _time(get(b"enqueued_at"))
+        enqueued_ms = _time(get(F_ENQUEUED))
+        enqueued_at = None if enqueued_ms is None else enqueued_ms / 1000
         run_at = _time(get(b"run_at")) or enqueued_at  # stored only when it differs
         started_at, finished_at = _time(get(b"started_at")), _time(get(b"finished_at"))
-        state, corrupt = _state(_text(get(b"state")))
+        state, corrupt = _state(_text(get(F_STATE)))
         wait_time = run_time = None
         if started_at is not None and enqueued_at is not None:
             wait_time = max(0.0, started_at - max(enqueued_at, run_at or enqueued_at))
@@ -109,13 +115,13 @@ class JobInfo:
                 result = f"<undecodable result: {type(exc).__name__}: {exc}>"
         return cls(
             id=keyspace.job_id(queue, short_id),
-            task=_text(get(b"task")) or "",
+            task=_text(get(F_TASK)) or "",
             queue=queue,
             tenant=_text(get(b"tenant")) or None,
-            priority=_int(get(b"priority"), 5),
+            priority=_int(get(F_PRIORITY), record_fields.DEFAULT_PRIORITY),
             state=state,
             attempts=_int(get(b"attempts"), 0),
-            max_attempts=_int(get(b"max_attempts"), 1),
+            max_attempts=_int(get(F_MAX_ATTEMPTS), record_fields.DEFAULT_MAX_ATTEMPTS),
             enqueued_at=enqueued_at,
             run_at=run_at,
             started_at=started_at,

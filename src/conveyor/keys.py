@@ -86,7 +86,7 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
     return QueueKeys(
         queue=queue,
         tag=tag,
-        job_prefix=f"{tag}:job:",
+        job_prefix=f"{tag}:j:",
         ready_prefix=f"{tag}:ready:",
         ring_prefix=f"{tag}:ring:",
         priorities=f"{tag}:priorities",

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from . import hooks
 from . import keys as keyspace
 from .job import JobInfo
+from .record import ARGS, ENQUEUED_MS, MAX_ATTEMPTS, PRIORITY, STATE, TASK
 
 if TYPE_CHECKING:
     from .app import Conveyor
@@ -56,12 +57,11 @@ class InlineRunner:
             return dict(self.records.get((queue, short_id), {}))
 
     def _new(self, queue: str, spec: JobSpec, short_id: str, payload: bytes) -> None:
-        now = repr(time.time()).encode()
         record = {
-            b"task": spec.task.encode(), b"args": payload, b"state": b"ready",
-            b"priority": str(spec.priority).encode(), b"tenant": spec.tenant.encode(),
-            b"attempts": b"0", b"max_attempts": str(spec.max_attempts).encode(),
-            b"enqueued_at": now,
+            TASK.encode(): spec.task.encode(), ARGS.encode(): payload, STATE.encode(): b"ready",
+            PRIORITY.encode(): str(spec.priority).encode(), b"tenant": spec.tenant.encode(),
+            b"attempts": b"0", MAX_ATTEMPTS.encode(): str(spec.max_attempts).encode(),
+            ENQUEUED_MS.encode(): b"%d" % (time.time() * 1000),
         }
         with self._lock:
             self.records[(queue, short_id)] = record
@@ -70,8 +70,8 @@ class InlineRunner:
         with self._lock:
             record = self.records[(queue, short_id)]
             for name, value in fields.items():
-                record[name.encode()] = value if isinstance(value, bytes) else \
-                    str(value).encode()
+                field = STATE if name == "state" else name
+                record[field.encode()] = value if isinstance(value, bytes) else str(value).encode()
 
     def store(self, queue: str, spec: JobSpec, jobs: Sequence[tuple[str, bytes]]
               ) -> list[tuple[str, bool]]:

@@ -110,7 +110,7 @@ class LedgerApp:
         """The state field of each job record, read in one round trip."""
         with self.app.redis.pipeline(transaction=False) as pipe:
             for job in jobs:
-                pipe.hget(self.app.keys(job.queue).job(job.short_id), "state")
+                pipe.hget(self.app.keys(job.queue).job(job.short_id), "s")
             return [s.decode() if s is not None else None for s in pipe.execute()]
 
     def census(self, jobs: Sequence[conveyor.Job]) -> collections.Counter[str | None]:

@@ -10,6 +10,7 @@ import redis
 
 from ..job import Job
 from ..keys import QueueKeys
+from ..record import STATE, TASK
 from .invariants import FINAL, Counters, JobRecord
 from .tasks import LEDGER_KEY, LedgerEntry, parse_entry
 
@@ -36,7 +37,7 @@ def states(client: Any, keys: QueueKeys, jobs: list[Job]) -> list[str | None]:
     for part in _chunks(jobs):
         with client.pipeline(transaction=False) as pipe:
             for job in part:
-                pipe.hget(keys.job(job.short_id), "state")
+                pipe.hget(keys.job(job.short_id), STATE)
             out += [_text(s) for s in pipe.execute()]
     return out
 
@@ -64,7 +65,7 @@ def job_records(client: Any, keys: QueueKeys, jobs: dict[str, tuple[str, Job]]
     for part in _chunks(items):
         with client.pipeline(transaction=False) as pipe:
             for _, (_, job) in part:
-                pipe.hmget(keys.job(job.short_id), "state", "attempts", "error")
+                pipe.hmget(keys.job(job.short_id), STATE, "attempts", "error")
             replies = pipe.execute()
         for (label, (kind, job)), (state, attempts, error) in zip(part, replies, strict=True):
             out.append(JobRecord(label, kind, job.id, _text(state), int(attempts or 0),
@@ -84,7 +85,7 @@ def stray_records(client: Any, keys: QueueKeys, known: set[str]) -> tuple[list[s
     for part in _chunks(names):
         with client.pipeline(transaction=False) as pipe:
             for name in part:
-                pipe.hget(name, "state")
+                pipe.hget(name, STATE)
             found = [_text(s) for s in pipe.execute()]
         for name, state in zip(part, found, strict=True):
             dead += state == "dead"
@@ -101,7 +102,7 @@ def counters(client: Any, keys: QueueKeys, dead_records: int) -> Counters:
     leased: Counter[str] = Counter()
     tenants: Counter[str] = Counter()
     for short in client.zrange(keys.leases, 0, -1):
-        task, tenant = client.hmget(keys.job(_text(short) or ""), "task", "tenant")
+        task, tenant = client.hmget(keys.job(_text(short) or ""), TASK, "tenant")
         leased[_text(task) or "?"] += 1
         if tenant:
             tenants[_text(tenant) or ""] += 1

@@ -231,10 +231,11 @@ def _leased(f: Sequence[Any]) -> Leased:
             problem = problem or f"corrupt record: field {name!r} is not valid UTF-8"
             texts.append(raw.decode(errors="surrogateescape"))
     args = f[3] if isinstance(f[3], bytes) else str(f[3]).encode()
+    enqueued_at = _float(f[6]) / 1000  # stored in ms
     return Leased(
         short_id=texts[0], token=texts[1], task=texts[2], args=args,
         attempts=_int(f[4], 1), max_attempts=_int(f[5], 1),
-        enqueued_at=_float(f[6]), run_at=_float(f[7], _float(f[6])),
+        enqueued_at=enqueued_at, run_at=_float(f[7], enqueued_at),
         visibility_ms=_int(f[8], 30_000), problem=problem,
     )
 

@@ -33,7 +33,7 @@ end
 if reason == '' then reason = 'cancelled' end
 
 local key = job_prefix .. id
-local f = redis.call('HMGET', key, 'state', 'key')
+local f = redis.call('HMGET', key, 's', 'key')
 local state = f[1]
 if not state then return '' end
 local now = now_ms(ARGV[1])
@@ -52,7 +52,7 @@ elseif state == 'ready' then
 else
   return state
 end
-redis.call('HSET', key, 'state', 'cancelled', 'finished_at', seconds(now), 'error', reason)
+redis.call('HSET', key, 's', 'cancelled', 'finished_at', seconds(now), 'error', reason)
 if state == 'ready' then
   redis.call('HSET', key, 'keep', retention)
 else

@@ -37,6 +37,7 @@
 -- Returns: the number of jobs stored (all of them); or, when a held dedupe key or a taken
 --          claim stops it, a list: { short id of the job holding the key, 0 } or {}
 --@include clock
+--@include job_record
 --@include ready
 --@include metrics
 --@include keyed
@@ -79,10 +80,14 @@ if debounce_ms then due = now + debounce_ms end
 if at_ms ~= '' and tonumber(at_ms) > due then due = tonumber(at_ms) end
 local scheduled = due > now
 local state = scheduled and 'scheduled' or 'ready'
--- Only what differs from the defaults is stored: a queued job costs less memory. Readers
--- take absent attempts as 0, tenant as none, run_at as enqueued_at.
-local record = { 'task', task, 'state', state, 'priority', ARGV[8],
-  'max_attempts', ARGV[12], 'enqueued_at', seconds(now), 'vt', ARGV[14] }
+-- Only what differs from the defaults is stored (include/job_record.lua): a queued job
+-- costs less memory. Readers take absent attempts as 0, tenant as none, run_at as 'e'.
+local record = { 't', task, 's', state, 'e', string.format('%d', now) }
+if ARGV[8] ~= DEFAULT_PRIORITY then record[#record + 1] = 'p'; record[#record + 1] = ARGV[8] end
+if max_attempts ~= DEFAULT_MAX_ATTEMPTS then
+  record[#record + 1] = 'm'; record[#record + 1] = ARGV[12]
+end
+if visibility_ms ~= DEFAULT_VT then record[#record + 1] = 'v'; record[#record + 1] = ARGV[14] end
 if tenant ~= '' then record[#record + 1] = 'tenant'; record[#record + 1] = tenant end
 if scheduled then record[#record + 1] = 'run_at'; record[#record + 1] = seconds(due) end
 if key ~= '' then record[#record + 1] = 'key'; record[#record + 1] = key end
@@ -97,7 +102,7 @@ local n_fields = #record
 local ids = {}
 for i = 0, n_jobs - 1 do
   local id = ARGV[FIRST + i * 2]
-  record[n_fields + 1], record[n_fields + 2] = 'args', ARGV[FIRST + i * 2 + 1]
+  record[n_fields + 1], record[n_fields + 2] = 'a', ARGV[FIRST + i * 2 + 1]
   redis.call('HSET', job_prefix .. id, unpack(record))
   if scheduled then redis.call('ZADD', delayed, due, id) end
   ids[i + 1] = id

@@ -70,8 +70,8 @@ for i = 0, n - 1 do
   local id, token, outcome = ARGV[base], ARGV[base + 1], ARGV[base + 2]
   local started_at, payload = ARGV[base + 3], ARGV[base + 4]
   local key = job_prefix .. id
-  local f = redis.call('HMGET', key, 'state', 'token', 'task', 'attempts', 'max_attempts',
-    'key', 'enqueued_at', 'run_at', 'tenant', 'priority', 'cancel', 'snoozes', 'tr')
+  local f = redis.call('HMGET', key, 's', 'token', 't', 'attempts', 'm', 'key', 'e',
+    'run_at', 'tenant', 'p', 'cancel', 'snoozes', 'tr')
   if f[1] ~= 'active' or f[2] ~= token then
     codes[#codes + 1] = 0
   else
@@ -81,7 +81,7 @@ for i = 0, n - 1 do
     done_tenants[f[9] or ''] = (done_tenants[f[9] or ''] or 0) + 1
     outcome, payload = final_outcome(outcome, payload, f, snooze_cap)
     if outcome ~= 'snooze' then
-      local enqueued_at, run_at = tonumber(f[7]) or 0, tonumber(f[8]) or 0
+      local enqueued_at, run_at = (tonumber(f[7]) or 0) / 1000, tonumber(f[8]) or 0
       local waited = (tonumber(started_at) or 0) - math.max(enqueued_at, run_at)
       observe(tally, job.task, waited, now / 1000 - (tonumber(started_at) or now / 1000))
     end

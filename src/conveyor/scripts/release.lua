@@ -36,11 +36,11 @@ local released, by_tenant = 0, {}
 for i = 0, n - 1 do
   local id, token, reason = ARGV[2 + i * 3], ARGV[3 + i * 3], ARGV[4 + i * 3]
   local key = job_prefix .. id
-  local f = redis.call('HMGET', key, 'state', 'token', 'task', 'attempts', 'priority', 'tenant',
+  local f = redis.call('HMGET', key, 's', 'token', 't', 'attempts', 'p', 'tenant',
     'cancel')
   -- A job being cancelled is not handed back: it ends cancelled when its lease expires.
   if f[1] == 'active' and f[2] == token and not f[7] then
-    redis.call('HSET', key, 'state', 'ready', 'token', '',
+    redis.call('HSET', key, 's', 'ready', 'token', '',
       'attempts', math.max(0, (tonumber(f[4]) or 1) - 1))
     if reason ~= '' then
       redis.call('HSET', key, 'error', reason)

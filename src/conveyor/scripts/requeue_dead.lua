@@ -29,11 +29,11 @@ local now_s, requeued = seconds(now_ms('')), 0
 for _, id in ipairs(ids) do
   if redis.call('ZREM', dead, id) == 1 then
     local key = job_prefix .. id
-    local f = redis.call('HMGET', key, 'priority', 'tenant')
+    local f = redis.call('HMGET', key, 's', 'p', 'tenant')
     if f[1] then
-      redis.call('HSET', key, 'state', 'ready', 'attempts', 0, 'token', '', 'run_at', now_s)
+      redis.call('HSET', key, 's', 'ready', 'attempts', 0, 'token', '', 'run_at', now_s)
       redis.call('HDEL', key, 'started_at', 'finished_at')
-      push_ready(ready_prefix, ring_prefix, priorities, id, f[1], f[2] or '', false)
+      push_ready(ready_prefix, ring_prefix, priorities, id, f[2] or '5', f[3] or '', false)
       requeued = requeued + 1
     end
   end

@@ -30,6 +30,7 @@
 --         parents to wait for, run_if ('succeeded' | 'finished'), parents, children
 --         (both encoded, read by Python only)
 -- Returns: the number of nodes stored
+--@include job_record
 --@include clock
 --@include ready
 --@include metrics
@@ -84,17 +85,19 @@ for i = 0, n - 1 do
   local b = FIRST + i * FIELDS
   local id, task, priority, tenant = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local delay_ms, at_ms, need = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 10])
-  local record = { 'task', task, 'priority', priority, 'max_attempts', ARGV[b + 6],
-    'enqueued_at', now_s, 'vt', ARGV[b + 7], 'args', ARGV[b + 8], 'wf', workflow,
+  local record = { 't', task, 'e', string.format('%d', now), 'a', ARGV[b + 8], 'wf', workflow,
     'wfn', ARGV[b + 9] }
   local function put(field, value) record[#record + 1] = field; record[#record + 1] = value end
+  if priority ~= DEFAULT_PRIORITY then put('p', priority) end
+  if tonumber(ARGV[b + 6]) ~= DEFAULT_MAX_ATTEMPTS then put('m', ARGV[b + 6]) end
+  if tonumber(ARGV[b + 7]) ~= DEFAULT_VT then put('v', ARGV[b + 7]) end
   if tenant ~= '' then put('tenant', tenant) end
   if ARGV[b + 11] == 'finished' then put('wfr', 'finished') end
   if ARGV[b + 12] ~= '' then put('wfp', ARGV[b + 12]) end
   if ARGV[b + 13] ~= '' then put('wfc', ARGV[b + 13]) end
   if need > 0 then
     -- Waiting: its delay counts from when its parents are done, its at= time stands.
-    put('state', 'scheduled')
+    put('s', 'scheduled')
     put('wfw', ARGV[b + 10])
     if delay_ms then put('wfd', ARGV[b + 4]) end
     if at_ms then put('run_at', seconds(at_ms)) end
@@ -104,12 +107,12 @@ for i = 0, n - 1 do
     local due = now + (delay_ms or 0)
     if at_ms and at_ms > due then due = at_ms end
     if due > now then
-      put('state', 'scheduled')
+      put('s', 'scheduled')
       put('run_at', seconds(due))
       redis.call('HSET', k.job_prefix .. id, unpack(record))
       redis.call('ZADD', k.delayed, due, id)
     else
-      put('state', 'ready')
+      put('s', 'ready')
       redis.call('HSET', k.job_prefix .. id, unpack(record))
       push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, priority, tenant, false)
       ready = ready + 1

@@ -12,6 +12,7 @@ from .. import untrusted
 from ..errors import EncodingError
 from ..job import JobInfo
 from ..monitor.lists import JOB_LISTS, read_schedules
+from ..record import ARGS
 from ..worker import published, registry
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def job_detail(app: Conveyor, job_id: str) -> dict[str, Any]:
     job = app.job(job_id)
     info = job.info()
     out = info_dict(info)
-    raw, workflow = app.redis.hmget(app.keys(job.queue).job(job.short_id), "args", "wf")
+    raw, workflow = app.redis.hmget(app.keys(job.queue).job(job.short_id), ARGS, "wf")
     out["workflow"] = workflow.decode(errors="replace") if workflow else None
     try:
         args, kwargs = app.codec.decode_args(raw or b"")

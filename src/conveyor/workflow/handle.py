@@ -20,6 +20,7 @@ import msgspec
 from .. import keys as keyspace
 from ..errors import EncodingError, JobCancelled, JobFailed, JobNotFound, ResultTimeout
 from ..job import JobInfo, JobState
+from ..record import STATE
 from ..scripts import calls
 
 if TYPE_CHECKING:
@@ -267,7 +268,7 @@ def parent_results(app: Conveyor, job_id: str) -> dict[str, Any]:
         return {}
     with app.redis.pipeline(transaction=False) as pipe:
         for _, pid in parents:
-            pipe.hmget(_job_key(app, pid), "state", "result")
+            pipe.hmget(_job_key(app, pid), STATE, "result")
         replies = pipe.execute()
     return _results(app, parents, replies)
 
@@ -280,6 +281,6 @@ async def aparent_results(app: Conveyor, job_id: str) -> dict[str, Any]:
         return {}
     async with client.pipeline(transaction=False) as pipe:
         for _, pid in parents:
-            pipe.hmget(_job_key(app, pid), "state", "result")
+            pipe.hmget(_job_key(app, pid), STATE, "result")
         replies = await pipe.execute()
     return _results(app, parents, replies)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .. import keys as keyspace
+from ..record import STATE
 from ..scripts import calls
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ class Steps:
         return out
 
 
-FIELDS = ("state", "wf", "wfn", "wfc", "error")
+FIELDS = (STATE, "wf", "wfn", "wfc", "error")
 
 
 async def drain_queue(app: Conveyor, queue: str) -> tuple[int, set[str], set[str]]:

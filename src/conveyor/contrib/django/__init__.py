@@ -52,6 +52,7 @@ from ...app import Conveyor
 from ...errors import JobNotFound
 from ...hooks import Attempt, Hook
 from ...job import JobInfo, JobState
+from ...record import ARGS
 from ...task import Task, new_short_id
 
 
@@ -251,7 +252,7 @@ class ConveyorBackend(BaseTaskBackend):  # type: ignore[misc]
         if django_task is None:
             raise exceptions.TaskResultDoesNotExist(result_id)
         try:
-            args, kwargs = self.app.codec.decode_args(record.get(b"args", b""))
+            args, kwargs = self.app.codec.decode_args(record.get(ARGS.encode(), b""))
         except Exception:
             args, kwargs = [], {}
         return self._from_info(django_task, info, args, kwargs)

@@ -15,13 +15,13 @@ local function keyed_existing(k, o)
   if not existing or redis.call('EXISTS', k.job_prefix .. existing) == 0 then return nil end
   if not o.debounce_ms then return existing end
   local job = k.job_prefix .. existing
-  local f = redis.call('HMGET', job, 'state', 'debounce_until')
+  local f = redis.call('HMGET', job, 's', 'debounce_until')
   -- A debounced job that has started (or is ready) is left alone: a new one is made.
   if f[1] ~= 'scheduled' then return nil end
   local due = o.now + o.debounce_ms
   local bound = tonumber(f[2])
   if bound and bound < due then due = bound end
-  redis.call('HSET', job, 'args', o.args, 'run_at', seconds(due))
+  redis.call('HSET', job, 'a', o.args, 'run_at', seconds(due))
   redis.call('ZADD', k.delayed, due, existing)
   return existing
 end

@@ -1,5 +1,6 @@
 -- Leasing popped ids, for fetch: each lease gets a fresh fencing token (the queue's counter,
 -- taken a range at a time, joined with the call's nonce); counts are written once per call.
+--@include job_record
 --@include metrics
 --@include records
 
@@ -33,11 +34,11 @@ local function lease_taker(k, cfg, tally, out, now, want, nonce, acc)
       acc.tokens_left = want
     end
     acc.token_base, acc.tokens_left = acc.token_base + 1, acc.tokens_left - 1
-    local f = redis.call('HMGET', key, 'args', 'max_attempts', 'enqueued_at', 'run_at')
+    local f = redis.call('HMGET', key, 'a', 'm', 'e', 'run_at')
     local attempts = (tonumber(r.attempts) or 0) + 1
     local token = string.format('%d', acc.token_base) .. '.' .. nonce
-    local vt = tonumber(r.vt) or 30000
-    redis.call('HSET', key, 'state', 'active', 'attempts', attempts, 'token', token)
+    local vt = tonumber(r.vt) or DEFAULT_VT
+    redis.call('HSET', key, 's', 'active', 'attempts', attempts, 'token', token)
     acc.leases[#acc.leases + 1] = now + vt
     acc.leases[#acc.leases + 1] = id
     acc.active[r.task] = (acc.active[r.task] or 0) + 1
@@ -45,7 +46,7 @@ local function lease_taker(k, cfg, tally, out, now, want, nonce, acc)
     if tenant ~= '' then acc.by_tenant[tenant] = (acc.by_tenant[tenant] or 0) + 1 end
     local jobs, n = acc.jobs, #acc.jobs
     jobs[n + 1], jobs[n + 2], jobs[n + 3], jobs[n + 4] = id, token, r.task, f[1] or ''
-    jobs[n + 5], jobs[n + 6], jobs[n + 7] = attempts, f[2] or '1', f[3] or ''
+    jobs[n + 5], jobs[n + 6], jobs[n + 7] = attempts, f[2] or DEFAULT_MAX_ATTEMPTS, f[3] or ''
     jobs[n + 8], jobs[n + 9] = f[4] or '', vt
     return true
   end

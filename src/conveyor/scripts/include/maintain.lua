@@ -1,5 +1,6 @@
 -- Housekeeping that every fetch does first, so no separate reaper or scheduler is needed:
 -- promote delayed jobs that have come due, and reclaim leases whose deadline has passed.
+--@include job_record
 --@include clock
 --@include finish
 --@include flow
@@ -25,7 +26,7 @@ local function promote_due(k, now, limit, cfg, tally, out)
     elseif r.state == 'scheduled' or r.state == 'retrying' or r.state == 'ready' then
       -- 'ready' here is a record changed by hand, in no ready list that we can see: it is
       -- listed (were it listed already, the second entry meets it leased, and is skipped).
-      redis.call('HSET', k.job_prefix .. id, 'state', 'ready')
+      redis.call('HSET', k.job_prefix .. id, 's', 'ready')
       push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, r.priority or '5',
         r.tenant or '', true)
       promoted = promoted + 1
@@ -39,7 +40,7 @@ end
 -- cancelled now rather than run again.
 local function cancel_lapsed(k, cfg, now, id, r)
   local finished_at = seconds(now)
-  redis.call('HSET', k.job_prefix .. id, 'state', 'cancelled', 'token', '', 'error', r.cancel,
+  redis.call('HSET', k.job_prefix .. id, 's', 'cancelled', 'token', '', 'error', r.cancel,
     'finished_at', finished_at)
   redis.call('EXPIRE', k.job_prefix .. id, tonumber(r.cancel_ttl) or 86400)
   free_dedupe_key(k.dedupe_prefix, r.key, id)
@@ -57,7 +58,7 @@ end
 local function recount_active(k)
   local counts, tenants, running = {}, {}, 0
   for _, id in ipairs(redis.call('ZRANGE', k.leases, 0, -1)) do
-    local f = redis.call('HMGET', k.job_prefix .. id, 'state', 'task', 'tenant')
+    local f = redis.call('HMGET', k.job_prefix .. id, 's', 't', 'tenant')
     if f[1] == 'active' then
       counts[f[2] or ''] = (counts[f[2] or ''] or 0) + 1
       running = running + 1
@@ -112,10 +113,10 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
       local bad = record_problem(r)
       if bad then
         dead_letter(k, cfg, tally, now, id, r, bad, out)
-      elseif (tonumber(attempts) or 1) >= (tonumber(r.max_attempts) or 1) then
+      elseif (tonumber(attempts) or 1) >= (tonumber(r.max_attempts) or DEFAULT_MAX_ATTEMPTS) then
         dead_letter(k, cfg, tally, now, id, r, err, out)
       else
-        redis.call('HSET', key, 'state', 'ready', 'token', '', 'error', err)
+        redis.call('HSET', key, 's', 'ready', 'token', '', 'error', err)
         push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, r.priority or '5',
           r.tenant or '', true)
         redis.call('HINCRBY', k.counts, 'ready', 1)

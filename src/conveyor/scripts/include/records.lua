@@ -1,6 +1,7 @@
 -- Job records are untrusted: a hand edit, a bug elsewhere or a partial restore can leave a
 -- field that is not what a script needs. A record that cannot be run as it stands is
 -- dead-lettered with a reason naming the field, so one bad record never wedges a queue.
+--@include job_record
 --@include clock
 --@include finish
 --@include metrics
@@ -47,11 +48,11 @@ end
 
 -- Reads the fields record_problem checks (plus what a dead letter needs) as a table.
 local function read_record(key)
-  local f = redis.call('HMGET', key, 'state', 'priority', 'attempts', 'max_attempts', 'vt',
-    'task', 'tenant', 'key', 'enqueued_at', 'run_at', 'started_at', 'cancel', 'cancel_ttl', 'tr')
+  local f = redis.call('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'key', 'e',
+    'run_at', 'started_at', 'cancel', 'cancel_ttl', 'tr')
   return { state = f[1] or nil, priority = f[2] or nil, attempts = f[3] or nil,
     max_attempts = f[4] or nil, vt = f[5] or nil, task = f[6] or '', tenant = f[7] or nil,
-    key = f[8] or nil, enqueued_at = f[9] or nil, run_at = f[10] or nil,
+    key = f[8] or nil, enqueued_at = ms_as_seconds(f[9]), run_at = f[10] or nil,
     started_at = f[11] or nil, cancel = f[12] or nil, cancel_ttl = f[13] or nil,
     trace = f[14] or nil }
 end
@@ -74,7 +75,7 @@ end
 -- trimmed = ids }.
 local function dead_letter(k, cfg, tally, now, id, r, reason, out)
   local finished_at = seconds(now)
-  redis.call('HSET', k.job_prefix .. id, 'state', 'dead', 'token', '', 'error', reason,
+  redis.call('HSET', k.job_prefix .. id, 's', 'dead', 'token', '', 'error', reason,
     'finished_at', finished_at)
   for _, old in ipairs(bury(k.dead, k.job_prefix, id, now, cfg.dead_cap)) do
     out.trimmed[#out.trimmed + 1] = old

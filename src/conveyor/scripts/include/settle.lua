@@ -1,5 +1,6 @@
 -- The ends of a run that `finish` records, one function per outcome. Each writes the job
 -- record only; the caller releases the lease and the active slot for the whole batch.
+--@include job_record
 --@include clock
 --@include finish
 --@include flow
@@ -8,7 +9,8 @@
 -- them (task f[3], attempts f[4], enqueued_at f[7], run_at f[8], tenant f[9], priority
 -- f[10], trace id f[13]); the state (and error) are set once the outcome is known.
 local function finished_job(f, started_at, now_s)
-  return { task = f[3] or '', attempts = f[4] or '0', enqueued_at = f[7], run_at = f[8],
+  return { task = f[3] or '', attempts = f[4] or '0', enqueued_at = ms_as_seconds(f[7]),
+    run_at = f[8],
     tenant = f[9], priority = f[10], trace = f[13], started_at = started_at,
     finished_at = now_s }
 end
@@ -19,7 +21,7 @@ end
 -- f[12]).
 local function final_outcome(outcome, payload, f, snooze_cap)
   if f[11] then return 'cancelled', f[11] end
-  if outcome == 'retry' and (tonumber(f[4]) or 1) >= (tonumber(f[5]) or 1) then
+  if outcome == 'retry' and (tonumber(f[4]) or 1) >= (tonumber(f[5]) or DEFAULT_MAX_ATTEMPTS) then
     return 'dead', payload
   end
   if outcome == 'snooze' and (tonumber(f[12]) or 0) >= snooze_cap then
@@ -29,33 +31,33 @@ local function final_outcome(outcome, payload, f, snooze_cap)
 end
 
 local function settle_succeeded(key, payload, started_at, now_s, retention)
-  redis.call('HSET', key, 'state', 'succeeded', 'token', '', 'result', payload,
+  redis.call('HSET', key, 's', 'succeeded', 'token', '', 'result', payload,
     'started_at', started_at, 'finished_at', now_s)
   redis.call('EXPIRE', key, retention)
 end
 
 local function settle_retrying(key, delayed, id, payload, started_at, now_s, due)
-  redis.call('HSET', key, 'state', 'retrying', 'token', '', 'error', payload,
+  redis.call('HSET', key, 's', 'retrying', 'token', '', 'error', payload,
     'started_at', started_at, 'finished_at', now_s, 'run_at', seconds(due))
   redis.call('ZADD', delayed, due, id)
 end
 
 -- Snoozed: back to scheduled, the attempt given back, the snooze counted.
 local function settle_snoozed(key, delayed, id, attempts, started_at, due)
-  redis.call('HSET', key, 'state', 'scheduled', 'token', '', 'started_at', started_at,
+  redis.call('HSET', key, 's', 'scheduled', 'token', '', 'started_at', started_at,
     'run_at', seconds(due), 'attempts', math.max(0, (tonumber(attempts) or 1) - 1))
   redis.call('HINCRBY', key, 'snoozes', 1)
   redis.call('ZADD', delayed, due, id)
 end
 
 local function settle_cancelled(key, reason, started_at, now_s, retention)
-  redis.call('HSET', key, 'state', 'cancelled', 'token', '', 'error', reason,
+  redis.call('HSET', key, 's', 'cancelled', 'token', '', 'error', reason,
     'started_at', started_at, 'finished_at', now_s)
   redis.call('EXPIRE', key, retention)
 end
 
 local function settle_dead(key, payload, started_at, now_s)
-  redis.call('HSET', key, 'state', 'dead', 'token', '', 'error', payload,
+  redis.call('HSET', key, 's', 'dead', 'token', '', 'error', payload,
     'started_at', started_at, 'finished_at', now_s)
 end
 

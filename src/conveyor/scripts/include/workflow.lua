@@ -11,7 +11,7 @@
 -- children learn of it (the cancellation cascades, slot by slot, through the outboxes).
 local function cancel_waiting(k, id, reason, now, retention)
   local key = k.job_prefix .. id
-  redis.call('HSET', key, 'state', 'cancelled', 'error', reason, 'finished_at', seconds(now))
+  redis.call('HSET', key, 's', 'cancelled', 'error', reason, 'finished_at', seconds(now))
   redis.call('HDEL', key, 'wfw')
   redis.call('EXPIRE', key, retention)
   redis.call('DEL', k.waiting_prefix .. id)
@@ -23,7 +23,7 @@ end
 -- could run. Returns 1 if it became ready, else 0.
 local function release_waiting(k, id, now)
   local key = k.job_prefix .. id
-  local f = redis.call('HMGET', key, 'priority', 'tenant', 'run_at', 'wfd')
+  local f = redis.call('HMGET', key, 'p', 'tenant', 'run_at', 'wfd')
   redis.call('HDEL', key, 'wfw', 'wfd')
   redis.call('DEL', k.waiting_prefix .. id)
   local due = now + (tonumber(f[4]) or 0)
@@ -36,7 +36,7 @@ local function release_waiting(k, id, now)
   end
   -- run_at: when it became runnable, so that its wait time (and the task type's wait
   -- percentiles) counts from there, not from the enqueue of the whole workflow.
-  redis.call('HSET', key, 'state', 'ready', 'run_at', seconds(now))
+  redis.call('HSET', key, 's', 'ready', 'run_at', seconds(now))
   push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, f[1] or '5', f[2] or '', false)
   return 1
 end
@@ -47,7 +47,7 @@ end
 -- Returns 'ready', 'scheduled', 'cancelled', or nil while it keeps waiting (or is no
 -- waiting node at all: then nothing changes).
 local function settle_waiting(k, id, failure, now, retention)
-  local f = redis.call('HMGET', k.job_prefix .. id, 'state', 'wfw', 'wfr')
+  local f = redis.call('HMGET', k.job_prefix .. id, 's', 'wfw', 'wfr')
   if f[1] ~= 'scheduled' or not f[2] then
     if not f[1] then
       -- No such record (yet, or any more): keep what was learnt for a while, not for ever.
