@@ -344,22 +344,19 @@ class Conveyor:
                                          " Cluster (WAIT must follow the writes on their"
                                          " connection)")
             return self._store_apart(queue, chunks)
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.sadd(keyspace.queues_key(self.namespace), queue)
-            for call in chunks:
-                self.scripts.queue(call, pipe)
-            if durable:
+        register = ("SADD", keyspace.queues_key(self.namespace), queue)
+        if durable:
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.execute_command(*register)
+                for call in chunks:
+                    self.scripts.queue(call, pipe)
                 pipe.execute_command("WAIT", self.durable_replicas,
                                      max(1, int(self.durable_timeout * 1000)))
-            replies = pipe.execute(raise_on_error=False)
+                replies = pipe.execute(raise_on_error=False)
+        else:
+            replies = self.scripts.send_all(chunks, before=[register])
         acked: Any = replies.pop() if durable else 0
-        stored: list[tuple[str, bool]] = []
-        for call, reply in zip(chunks, replies[1:], strict=True):
-            if isinstance(reply, Exception):
-                raise self._partial(queue, stored, reply)
-            stored.extend(call.parse(reply))
-        if isinstance(replies[0], Exception):
-            raise self._partial(queue, stored, replies[0])
+        stored = self._stored(queue, chunks, replies)
         self._registered_queues.add(queue)
         if durable and (isinstance(acked, Exception) or int(acked) < self.durable_replicas):
             confirmed = 0 if isinstance(acked, Exception) else int(acked)
@@ -382,6 +379,22 @@ class Conveyor:
             f" rest ({type(error).__name__}: {error}); .jobs lists the stored ones", jobs)
         partial.__cause__ = error
         return partial
+
+    def _stored(self, queue: str, chunks: list[Any], replies: list[Any]
+                ) -> list[tuple[str, bool]]:
+        """What a pipelined store stored: (short id, created) for each job, read from the
+        replies of the queue's registration and of each chunk.
+
+        :raises PartialEnqueue: a chunk failed (the ones before it are stored)
+        """
+        stored: list[tuple[str, bool]] = []
+        for call, reply in zip(chunks, replies[1:], strict=True):
+            if isinstance(reply, Exception):
+                raise self._partial(queue, stored, reply)
+            stored.extend(call.parse(reply))
+        if isinstance(replies[0], Exception):
+            raise self._partial(queue, stored, replies[0])
+        return stored
 
     def _store_apart(self, queue: str, chunks: list[Any]) -> list[tuple[str, bool]]:
         """:meth:`store` without a pipeline: register the queue once, then one script call
@@ -410,6 +423,11 @@ class Conveyor:
         chunks = self._chunks(queue, spec, jobs)
         if len(chunks) == 1 and queue in self._registered_queues:
             return await runner.run(chunks[0])
+        if runner.pipelined:  # one round trip, as the sync store
+            register = ("SADD", keyspace.queues_key(self.namespace), queue)
+            stored = self._stored(queue, chunks, await runner.send_all(chunks, [register]))
+            self._registered_queues.add(queue)
+            return stored
         if queue not in self._registered_queues:
             await client.sadd(keyspace.queues_key(self.namespace), queue)
             self._registered_queues.add(queue)

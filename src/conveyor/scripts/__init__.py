@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from redis.asyncio import Redis as AsyncRedis
 from redis.cluster import RedisCluster
 from redis.commands.core import AsyncScript, Script
+from redis.exceptions import NoScriptError
 
 T = TypeVar("T")
 Arg = str | bytes | int | float
@@ -107,6 +108,17 @@ def _identity(reply: Any) -> Any:
     return reply
 
 
+def _unloaded(calls: Sequence[ScriptCall[Any]], replies: Sequence[Any], skip: int
+              ) -> list[int]:
+    """Indexes of the calls whose reply (after ``skip`` other replies) says the server did
+    not have the script: nothing of those calls ran."""
+    return [i for i in range(len(calls)) if isinstance(replies[skip + i], NoScriptError)]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 @dataclass(frozen=True, slots=True)
 class ScriptCall(Generic[T]):
     """One invocation of a script: its name, KEYS, ARGV and how to read its reply."""
@@ -127,17 +139,73 @@ class ScriptRunner:
     """
 
     def __init__(self, client: Any) -> None:
+        self._client = client
         self._scripts = {name: Script(client, source(name)) for name in SCRIPT_NAMES}
         #: whether :meth:`queue` may add calls to this client's pipelines
         self.pipelined = not isinstance(client, RedisCluster)
+        self._pool = getattr(client, "connection_pool", None) if self.pipelined else None
 
     def run(self, call: ScriptCall[T], client: Any = None) -> T:
         """Execute ``call`` on ``client`` (default: the client this runner was made with).
 
         On a pipeline, the reply arrives with the pipeline's results: parse it there.
         """
+        if client is None and self._pool is not None:
+            return call.parse(self._send(call, self._pool))
         reply = self._scripts[call.name](keys=call.keys, args=call.args, client=client)
         return call.parse(reply)
+
+    def _send(self, call: ScriptCall[Any], pool: Any) -> Any:
+        """EVALSHA straight on a pooled connection: the hot path of a single enqueue, with
+        the client's own retry of connection errors and a reload on NOSCRIPT, but not its
+        per-command layers."""
+        script = self._scripts[call.name]
+        conn = pool.get_connection()
+        try:
+            def once() -> Any:
+                conn.send_command("EVALSHA", script.sha, len(call.keys), *call.keys,
+                                  *call.args)
+                return conn.read_response()
+
+            try:
+                return conn.retry.call_with_retry(once, lambda _error: conn.disconnect())
+            except NoScriptError:
+                conn.send_command("SCRIPT", "LOAD", script.script)
+                script.sha = _text(conn.read_response())
+                return conn.retry.call_with_retry(once, lambda _error: conn.disconnect())
+        finally:
+            pool.release(conn)
+
+    def send_all(self, calls: Sequence[ScriptCall[Any]],
+                 before: Sequence[tuple[Arg, ...]] = ()) -> list[Any]:
+        """Send the commands ``before``, then ``calls``, in one pipelined round trip.
+
+        Replies come back raw and in order, errors as exception values (nothing raises).
+        A call that met a server without its script (NOSCRIPT: nothing of it ran) is sent
+        again once the script is loaded.
+        """
+        with self._client.pipeline(transaction=False) as pipe:
+            for command in before:
+                pipe.execute_command(*command)
+            for call in calls:
+                pipe.execute_command(*self._evalsha(call))
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+        again = _unloaded(calls, replies, len(before))
+        if again:  # one more round trip: load the scripts, then send those calls again
+            names = sorted({calls[i].name for i in again})
+            with self._client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.execute_command("SCRIPT", "LOAD", self._scripts[name].script)
+                for i in again:
+                    pipe.execute_command(*self._evalsha(calls[i]))
+                retried = pipe.execute(raise_on_error=False)
+            for i, reply in zip(again, retried[len(names):], strict=True):
+                replies[len(before) + i] = reply
+        return replies
+
+    def _evalsha(self, call: ScriptCall[Any]) -> tuple[Arg, ...]:
+        return ("EVALSHA", self._scripts[call.name].sha, len(call.keys), *call.keys,
+                *call.args)
 
     def queue(self, call: ScriptCall[Any], pipeline: Any) -> None:
         """Add ``call`` to ``pipeline``; its raw reply appears in ``pipeline.execute()``."""
@@ -148,10 +216,63 @@ class AsyncScriptRunner:
     """The asyncio twin of :class:`ScriptRunner`."""
 
     def __init__(self, client: AsyncRedis) -> None:
+        self._client = client
         self._scripts = {name: AsyncScript(client, source(name)) for name in SCRIPT_NAMES}
+        #: whether :meth:`send_all` may pipeline (a cluster's pipelines refuse scripts)
+        self.pipelined = hasattr(client, "connection_pool")
+        self._pool = client.connection_pool if self.pipelined else None
 
     async def run(self, call: ScriptCall[T], client: Any = None) -> T:
+        if client is None and self._pool is not None:
+            return call.parse(await self._send(call, self._pool))
         reply = await self._scripts[call.name](
             keys=call.keys, args=call.args, client=client
         )
         return call.parse(reply)
+
+    async def _send(self, call: ScriptCall[Any], pool: Any) -> Any:
+        """The async twin of :meth:`ScriptRunner._send`."""
+        script = self._scripts[call.name]
+        conn = await pool.get_connection()
+        try:
+            async def once() -> Any:
+                await conn.send_command("EVALSHA", script.sha, len(call.keys), *call.keys,
+                                        *call.args)
+                return await conn.read_response()
+
+            async def drop(_error: BaseException) -> None:
+                await conn.disconnect()
+
+            try:
+                return await conn.retry.call_with_retry(once, drop)
+            except NoScriptError:
+                await conn.send_command("SCRIPT", "LOAD", script.script)
+                script.sha = _text(await conn.read_response())
+                return await conn.retry.call_with_retry(once, drop)
+        finally:
+            await pool.release(conn)
+
+    async def send_all(self, calls: Sequence[ScriptCall[Any]],
+                       before: Sequence[tuple[Arg, ...]] = ()) -> list[Any]:
+        """The async twin of :meth:`ScriptRunner.send_all`."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            for command in before:
+                pipe.execute_command(*command)
+            for call in calls:
+                pipe.execute_command("EVALSHA", self._scripts[call.name].sha, len(call.keys),
+                                     *call.keys, *call.args)
+            replies = list(await pipe.execute(raise_on_error=False))
+        again = _unloaded(calls, replies, len(before))
+        if again:
+            names = sorted({calls[i].name for i in again})
+            async with self._client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.execute_command("SCRIPT", "LOAD", self._scripts[name].script)
+                for i in again:
+                    call = calls[i]
+                    pipe.execute_command("EVALSHA", self._scripts[call.name].sha,
+                                         len(call.keys), *call.keys, *call.args)
+                retried = await pipe.execute(raise_on_error=False)
+            for i, reply in zip(again, retried[len(names):], strict=True):
+                replies[len(before) + i] = reply
+        return replies

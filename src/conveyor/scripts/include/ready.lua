@@ -16,11 +16,11 @@ end
 -- Append a batch of jobs of one priority and tenant (one RPUSH per thousand).
 local function push_ready_many(ready_prefix, ring_prefix, priorities, ids, priority, tenant)
   local list = ready_prefix .. priority .. ':' .. tenant
-  local before = redis.call('LLEN', list)
+  local length = 0
   for i = 1, #ids, 1000 do
-    redis.call('RPUSH', list, unpack(ids, i, math.min(i + 999, #ids)))
+    length = redis.call('RPUSH', list, unpack(ids, i, math.min(i + 999, #ids)))
   end
-  if before == 0 and #ids > 0 then
+  if #ids > 0 and length == #ids then  -- the list was empty: its tenant joins the ring
     redis.call('RPUSH', ring_prefix .. priority, tenant)
     redis.call('ZADD', priorities, priority, priority)
   end
