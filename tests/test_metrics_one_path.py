@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from starlette.testclient import TestClient
 
 import conveyor
+from conveyor.fleet.autoscale import SignalReader
 from conveyor.monitor.prometheus import RedisCollector
 from conveyor.web import create_app
-from conveyor.worker.autoscale import SignalReader
 from helpers import RedisServer, env_with_src, wait_until
 from monitor_app import make_app
 

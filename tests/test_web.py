@@ -22,8 +22,8 @@ with warnings.catch_warnings():  # starlette nudges towards httpx2; httpx is wha
 
 import conveyor
 from conveyor import testing
+from conveyor.fleet.published import Publisher
 from conveyor.web import create_app, series
-from conveyor.worker.published import Publisher
 from helpers import env_with_src, free_port, running_worker, wait_until
 
 XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned=1">'

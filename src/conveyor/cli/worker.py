@@ -85,7 +85,7 @@ def worker(app_spec: str, queues: tuple[str, ...], concurrency: int, processes: 
         app.worker(queues=list(queues) or None, concurrency=concurrency,
                    grace=grace).run(burst=burst)
         return
-    from ..worker.supervisor import Supervisor
+    from ..fleet.supervisor import Supervisor
 
     Supervisor(app_spec, processes=processes or 1, autoscale=bounds, target_wait=target_wait,
                cooldown=cooldown, queues=queues, concurrency=concurrency, grace=grace,
@@ -95,7 +95,7 @@ def worker(app_spec: str, queues: tuple[str, ...], concurrency: int, processes: 
 
 def show_fleet(app: Conveyor, console: Console) -> None:
     """Print the live workers and the supervisors with their latest decisions."""
-    from ..worker.published import live_supervisors
+    from ..fleet.published import live_supervisors
     from ..worker.registry import live_workers
 
     workers = live_workers(app)

@@ -12,7 +12,7 @@ from starlette.routing import Route
 
 from .. import untrusted
 from ..errors import JobNotFound
-from ..worker.published import DECISIONS_KEPT
+from ..fleet.published import DECISIONS_KEPT
 from . import figures, queries, series
 from .shared import SharedAnswers
 

@@ -10,7 +10,7 @@ decides how many there are.
   The overrun job was already failed with reason ``timeout`` (retried or dead).
 * ``--max-jobs-per-child`` / ``--max-memory-per-child`` recycle children the same way.
 * SIGTERM/SIGINT drain every child gracefully; a second signal stops them at once.
-* With an :class:`~conveyor.worker.autoscale.Autoscaler`, the number of children follows
+* With an :class:`~conveyor.fleet.autoscale.Autoscaler`, the number of children follows
   the queues' signals between a minimum and a maximum. Decisions are logged and published
   in Redis, where ``conveyor info`` shows them.
 
@@ -85,9 +85,7 @@ class Supervisor:
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
         if app is None:
-            from ..cli.base import load_app
-
-            app = load_app(app_spec)
+            app = child_process.import_app(app_spec)
         self.app = app
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self.queues = list(queues) or app.queues() or ["default"]
