@@ -4,6 +4,9 @@
   (``conveyor.fleet``): the fleet runs workers, not the other way round.
 * Neither imports the operators' shells (``conveyor.cli``, ``conveyor.web``); the shells
   import them.
+* One module asks Redis for its clock (``conveyor.clock``) and one Lua helper
+  (``scripts/include/clock.lua``): every other module and script gets the server's time
+  from them, so "now" means the same thing everywhere.
 
 Every import counts, including those inside functions and under ``TYPE_CHECKING``: a
 deferred import is still a dependency.
@@ -12,6 +15,7 @@ deferred import is still a dependency.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,3 +124,72 @@ def test_the_layering_check_catches_each_kind_of_import() -> None:
     ]
     for name, is_package, source in allowed:
         assert layering_violations([parse(name, source, is_package=is_package)]) == [], source
+
+
+CLOCK_MODULE = "conveyor.clock"
+LUA_CLOCK = Path("scripts/include/clock.lua")
+LOOP_GETTERS = {"get_running_loop", "get_event_loop"}
+
+
+def _time_module_names(tree: ast.Module) -> set[str]:
+    return {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+            for alias in node.names if alias.name == "time"}
+
+
+def _is_event_loop(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name)
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+            in LOOP_GETTERS)
+
+
+def time_senders(modules: list[Module]) -> list[str]:
+    """Places outside :mod:`conveyor.clock` that send ``TIME``: a ``.time()`` call on
+    anything but the ``time`` module or an event loop, or a ``"TIME"`` command name."""
+    found = []
+    for module in modules:
+        if module.name == CLOCK_MODULE:
+            continue
+        time_names = _time_module_names(module.tree)
+        for node in ast.walk(module.tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "time"):
+                receiver = node.func.value
+                if not ((isinstance(receiver, ast.Name) and receiver.id in time_names)
+                        or _is_event_loop(receiver)):
+                    found.append(f"{module.path}:{node.lineno} calls {ast.unparse(node)}")
+            elif isinstance(node, ast.Constant) and node.value in ("TIME", b"TIME"):
+                found.append(f"{module.path}:{node.lineno} names the TIME command")
+    return found
+
+
+def test_one_module_reads_the_server_clock() -> None:
+    assert time_senders(package_modules()) == []
+
+
+def test_one_lua_helper_reads_the_server_clock() -> None:
+    scripts = SRC / "scripts"
+    readers = sorted(str(f.relative_to(SRC)) for f in scripts.rglob("*.lua")
+                     if re.search(r"""redis\.p?call\(\s*['"]TIME['"]""", f.read_text(),
+                                  re.IGNORECASE))
+    assert readers == [str(LUA_CLOCK)]
+
+
+def test_the_clock_check_catches_each_way_of_sending_time() -> None:
+    senders = [
+        "sec, usec = app.redis.time()",
+        "async def f(client):\n    return await client.time()",
+        "with app.redis.pipeline() as pipe:\n    pipe.time()",
+        "client.execute_command('TIME')",
+        "import time as clock\nr.time()",
+    ]
+    for source in senders:
+        assert time_senders([parse("conveyor.monitor.x", source)]), source
+    local_clocks = [
+        "import time\nnow = time.time()",
+        "import time as _t\nnow = _t.time()",
+        "import asyncio\nnow = asyncio.get_running_loop().time()",
+        "time_left = 'time'",
+    ]
+    for source in local_clocks:
+        assert time_senders([parse("conveyor.monitor.x", source)]) == [], source
+    assert time_senders([parse(CLOCK_MODULE, "client.time()")]) == []

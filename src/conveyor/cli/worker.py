@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..app import Conveyor
+from ..clock import server_now
 from .base import load_app, main
 
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -98,11 +99,11 @@ def show_fleet(app: Conveyor, console: Console) -> None:
     from ..fleet.published import live_supervisors
     from ..worker.registry import live_workers
 
-    workers = live_workers(app)
+    now = server_now(app.redis)  # workers stamp their start by the server's clock
+    workers = live_workers(app, now=now)
     if workers:
         table = Table("worker", "queues", "concurrency", "jobs", "processed", "up",
                       title=f"workers ({len(workers)} live)")
-        now = time.time()
         for w in workers:
             up = "-" if w.started_at is None else f"{max(0.0, now - w.started_at):.0f} s"
             table.add_row(w.id, ",".join(w.queues), str(w.concurrency), str(w.jobs),
