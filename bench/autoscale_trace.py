@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import conveyor
-from conveyor.worker.autoscale import SignalReader
-from conveyor.worker.published import live_supervisors
+from conveyor.fleet.autoscale import SignalReader
+from conveyor.fleet.published import live_supervisors
 from conveyor.worker.registry import live_workers
 
 QUEUE = "emails"

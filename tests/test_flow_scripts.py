@@ -229,8 +229,8 @@ def test_advice_names_the_limit_and_asks_for_no_idle_workers(app: conveyor.Conve
 def test_held_jobs_are_no_reason_to_scale_out(app: conveyor.Conveyor) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from conveyor.fleet.autoscale import SignalReader
     from conveyor.monitor.prometheus import RedisCollector
-    from conveyor.worker.autoscale import SignalReader
 
     enqueue(app, 30)
     reader = SignalReader(app, [Q], target_wait=1.0)

@@ -21,9 +21,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from starlette.testclient import TestClient
 
 import conveyor
+from conveyor.clock import server_now
+from conveyor.fleet.autoscale import SignalReader
 from conveyor.monitor.prometheus import RedisCollector
 from conveyor.web import create_app
-from conveyor.worker.autoscale import SignalReader
 from helpers import RedisServer, env_with_src, wait_until
 from monitor_app import make_app
 
@@ -56,9 +57,9 @@ def same_bucket(app: conveyor.Conveyor, read: Callable[[], dict[str, Any]]) -> d
     holds the same buckets); retried when a bucket boundary fell inside."""
     width = app.limits.bucket_seconds
     for _ in range(5):
-        before = app.monitor._server_time() // width
+        before = server_now(app.redis) // width
         out = read()
-        if app.monitor._server_time() // width == before:
+        if server_now(app.redis) // width == before:
             return out
     raise AssertionError("never read within one bucket")
 
@@ -81,7 +82,7 @@ def test_every_consumer_reads_the_same_figures(redis_server: RedisServer,
     web = TestClient(create_app(app, cache_seconds=0))
 
     def read() -> dict[str, Any]:
-        now = app.monitor._server_time()
+        now = server_now(app.redis)
         return {
             "monitor": app.monitor.stats(queue="default", window=WINDOW),
             "recent": app.monitor.stats(queue="default", window=20),

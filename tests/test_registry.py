@@ -10,7 +10,7 @@ from typing import Any
 
 import conveyor
 from conveyor import keys as keyspace
-from conveyor.worker.clock import ServerClock
+from conveyor.clock import ServerClock
 from conveyor.worker.registry import keep_registered, live_workers
 from helpers import RedisServer, running_worker, wait_until
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from conveyor.worker.autoscale import Autoscaler, Signals, p95_from_bins
+from conveyor.fleet.autoscale import Autoscaler, Signals, p95_from_bins
 
 
 def busy(ready: int, rate: float, p95: float | None = None, age: float = 0.0,

@@ -22,8 +22,9 @@ with warnings.catch_warnings():  # starlette nudges towards httpx2; httpx is wha
 
 import conveyor
 from conveyor import testing
+from conveyor.clock import server_now
+from conveyor.fleet.published import Publisher
 from conveyor.web import create_app, series
-from conveyor.worker.published import Publisher
 from helpers import env_with_src, free_port, running_worker, wait_until
 
 XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned=1">'
@@ -171,7 +172,7 @@ def test_escapes_job_error_and_arguments(app: conveyor.Conveyor, client: TestCli
 
 def test_workers_page_shows_supervisors_and_their_decisions(app: conveyor.Conveyor,
                                                             client: TestClient) -> None:
-    now = series.server_time(app)
+    now = server_now(app.redis)
     sup = Publisher(app, "sup-<b>1</b>")
     sup.beat({"host": XSS, "pid": "4242", "queues": "mail,bulk", "concurrency": "8",
               "children": "4", "active": "3", "target": "4", "started_at": f"{now - 90:.3f}",

@@ -15,8 +15,8 @@ import pytest
 import uvicorn
 
 import conveyor
+from conveyor.fleet.published import Publisher
 from conveyor.web import create_app
-from conveyor.worker.published import Publisher
 from helpers import free_port, running_worker, wait_until
 
 CHROMIUM = "/usr/bin/chromium"

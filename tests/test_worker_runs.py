@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 
 import conveyor
-from conveyor.worker.clock import ServerClock
+from conveyor.clock import ServerClock
 from conveyor.worker.executor import Held
 from helpers import RedisServer, running_worker, wait_until
 from injection import FaultPlan

@@ -23,8 +23,8 @@ from .scripts import calls
 
 if TYPE_CHECKING:
     from .app import Conveyor
+    from .clock import ServerClock
     from .task import Task
-    from .worker.clock import ServerClock
 
 # Every error Redis or the way to it can produce (as in the worker's other loops).
 REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
@@ -157,8 +157,7 @@ class Scheduler:
                 await self.fire(self.periodics[i], due)
 
     async def _sync_clock(self) -> None:
-        sec, usec = await self.app.aredis().time()
-        self.clock.observe(sec * 1000 + usec / 1000)
+        await self.clock.arefresh(self.app.aredis())
 
 
 def _tick_ms(raw: Any) -> int | None:

@@ -1,6 +1,6 @@
 """Running ``conveyor worker apps.supervised:app`` under its supervisor in tests.
 
-Children are recognised by what they are (``python -m conveyor.worker.child`` processes
+Children are recognised by what they are (``python -m conveyor.fleet.child`` processes
 whose parent is the supervisor), not by how many processes exist.
 """
 
@@ -42,7 +42,7 @@ def children_of(pid: int) -> list[int]:
             continue
         fields = stat.rpartition(")")[2].split()
         state, ppid = fields[0], int(fields[1])
-        if ppid == pid and state != "Z" and b"conveyor.worker.child" in cmdline:
+        if ppid == pid and state != "Z" and b"conveyor.fleet.child" in cmdline:
             found.append(int(entry.name))
     return sorted(found)
 

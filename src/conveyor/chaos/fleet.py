@@ -20,7 +20,7 @@ from pathlib import Path
 __all__ = ["APP_SPEC", "Fleet", "Slot", "conveyor_command", "process_age"]
 
 APP_SPEC = "conveyor.chaos.tasks:app"
-CHILD_MARK = b"conveyor.worker.child"
+CHILD_MARK = b"conveyor.fleet.child"
 GRACE = 10.0  # --grace: far longer than a work job, so a drain never interrupts one
 
 

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -15,6 +16,7 @@ from rich.live import Live
 from rich.table import Table
 
 from ..app import Conveyor
+from ..clock import server_now
 from ..monitor import Stats
 from ..monitor.advice import duration
 from .base import app_options, main
@@ -104,7 +106,7 @@ def top_view(app: Conveyor, window: float) -> Group:
     """One frame of ``conveyor top``."""
     queues = app.known_queues()
     per_task = {(s.queue, s.task): s for s in app.monitor.stats_by_task(window=window)}
-    now = time.time()
+    now = server_now(app.redis)  # idle_since is the server's clock
     table = Table("queue", "task", "active", "idle", "last finished", "jobs/s", "wait p95",
                   "run p95", "failed", title=f"task types (last {duration(window)})")
     for row in app.monitor.activity():
@@ -139,14 +141,18 @@ def top(app: Conveyor, interval: float, window: float, iterations: int) -> None:
             pass
 
 
-def parse_deadline(text: str | None) -> float | None:
-    """``+30m`` / ``+2h`` from now, epoch seconds, or an ISO date-time (UTC if naive)."""
+def parse_deadline(text: str | None, clock: Callable[[], float] = time.time) -> float | None:
+    """``+30m`` / ``+2h`` from now, epoch seconds, or an ISO date-time (UTC if naive).
+
+    :param clock: reads "now" for a relative deadline (the advice compares the deadline
+        with the server's clock, so the command passes that)
+    """
     if not text:
         return None
     if text.startswith("+"):
         from ..sink.report import parse_since
 
-        now = time.time()
+        now = clock()
         return now + (now - parse_since(text[1:], now))
     try:
         return float(text)
@@ -168,7 +174,7 @@ def advice(app: Conveyor, queue: str, target_wait: float, deadline: str | None, 
            as_json: bool) -> None:
     """How many workers QUEUE needs, how long its backlog takes to drain, and why."""
     try:
-        due = parse_deadline(deadline)
+        due = parse_deadline(deadline, lambda: server_now(app.redis))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--deadline") from exc
     result = app.monitor.advice(queue, target_wait=target_wait, deadline=due, window=window)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..app import Conveyor
+from ..clock import server_now
 from .base import load_app, main
 
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -85,7 +86,7 @@ def worker(app_spec: str, queues: tuple[str, ...], concurrency: int, processes: 
         app.worker(queues=list(queues) or None, concurrency=concurrency,
                    grace=grace).run(burst=burst)
         return
-    from ..worker.supervisor import Supervisor
+    from ..fleet.supervisor import Supervisor
 
     Supervisor(app_spec, processes=processes or 1, autoscale=bounds, target_wait=target_wait,
                cooldown=cooldown, queues=queues, concurrency=concurrency, grace=grace,
@@ -95,14 +96,14 @@ def worker(app_spec: str, queues: tuple[str, ...], concurrency: int, processes: 
 
 def show_fleet(app: Conveyor, console: Console) -> None:
     """Print the live workers and the supervisors with their latest decisions."""
-    from ..worker.published import live_supervisors
+    from ..fleet.published import live_supervisors
     from ..worker.registry import live_workers
 
-    workers = live_workers(app)
+    now = server_now(app.redis)  # workers stamp their start by the server's clock
+    workers = live_workers(app, now=now)
     if workers:
         table = Table("worker", "queues", "concurrency", "jobs", "processed", "up",
                       title=f"workers ({len(workers)} live)")
-        now = time.time()
         for w in workers:
             up = "-" if w.started_at is None else f"{max(0.0, now - w.started_at):.0f} s"
             table.add_row(w.id, ",".join(w.queues), str(w.concurrency), str(w.jobs),

@@ -10,11 +10,11 @@ cannot do itself).
 from __future__ import annotations
 
 import datetime as dt
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import untrusted
+from ..clock import server_now
 from ..worker import registry
 from ..worker.registry import WorkerInfo
 from .advice import Advice, decide
@@ -91,12 +91,12 @@ class Monitor:
 
     def schedules(self) -> list[ScheduleRow]:
         """The app's periodic jobs with their next fire and last fired tick."""
-        return read_schedules(self.app, self._server_time())
+        return read_schedules(self.app, server_now(self.app.redis))
 
     def series(self, queue: str, window: float = 900, points: int = 90) -> Series:
         """Chart points of ``queue`` over the last ``window`` seconds (at most ``points``),
         from the same buckets and histograms as :meth:`stats`."""
-        now = self._server_time()
+        now = server_now(self.app.redis)
         starts = bucket_starts(now, window, self.app.limits.bucket_seconds)
         keys = {queue: self.app.keys(queue)}
         buckets = self._closed_buckets().read(self.app.redis, keys, starts, now)[queue]
@@ -134,11 +134,7 @@ class Monitor:
         since = self.idle_since(task)
         if since is None:
             return True
-        return self._server_time() - since >= threshold
-
-    def _server_time(self) -> float:
-        sec, usec = self.app.redis.time()
-        return sec + usec / 1e6 if sec else time.time()
+        return server_now(self.app.redis) - since >= threshold
 
     # -- windowed stats --------------------------------------------------------------------
 
@@ -158,7 +154,7 @@ class Monitor:
 
     def _windows(self, queues: list[str], window: float
                  ) -> tuple[float, float, dict[str, dict[str, TaskWindow]]]:
-        now = self._server_time()
+        now = server_now(self.app.redis)
         width = self.app.limits.bucket_seconds
         starts = bucket_starts(now, window, width)
         by_queue = {q: read_windows(self.app.redis, self.app.keys(q), starts) for q in queues}
@@ -204,7 +200,7 @@ class Monitor:
         """Every task type known to the app or seen by the queues: active now, last finish,
         idle against its threshold. Sorted by queue, then task."""
         queues = [queue] if queue is not None else self.app.known_queues()
-        now = self._server_time()
+        now = server_now(self.app.redis)
         out = []
         for q in queues:
             k = self.app.keys(q)
@@ -229,7 +225,7 @@ class Monitor:
         """Live worker processes from the worker registry (empty when none registered),
         oldest heartbeat first; what counts as live is decided by
         :func:`conveyor.worker.registry.live_workers`."""
-        return registry.live_workers(self.app, now=self._server_time())
+        return registry.live_workers(self.app, now=server_now(self.app.redis))
 
     def advice(self, queue: str = "default", target_wait: float = 10,
                deadline: float | dt.datetime | None = None, window: float = 60) -> Advice:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..clock import server_now
 from ..flow import QueueLimits, limits_from_hash
 from ..keys import QueueKeys
 
@@ -76,8 +77,7 @@ def read_flow(client: Any, keys: QueueKeys) -> FlowState:
     running, ready = _int(counts[0]), _int(counts[1])
     now_ms = 0.0
     if lim.rate is not None:  # the server's clock, as the scripts read it (not pipelined:
-        sec, usec = client.time()  # a cluster pipeline refuses keyless commands)
-        now_ms = sec * 1000 + usec / 1000
+        now_ms = server_now(client) * 1000  # a cluster pipeline refuses keyless commands)
     held_by_tenant: dict[str, int] = {}
     members = [_text(m) for m in parked]
     if members:

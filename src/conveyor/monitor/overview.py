@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from .. import clock as server_clock
 from .. import keys as keyspace
 from .. import untrusted
 from ..keys import QueueKeys
@@ -94,20 +95,20 @@ class BucketCache:
         the first time), with the app's own queues always. One round trip (two the first
         time on a cluster)."""
         if isinstance(app.redis, redis.RedisCluster):  # its pipelines refuse keyless TIME
-            replies: list[Any] = [app.redis.time()]
+            replies: list[Any] = [server_clock.server_now(app.redis)]
             if self.queues is None:
                 replies.append(app.redis.smembers(keyspace.queues_key(app.namespace)))
         else:
             with app.redis.pipeline(transaction=False) as pipe:
-                pipe.time()
+                server_clock.ask(pipe)
                 if self.queues is None:
                     pipe.smembers(keyspace.queues_key(app.namespace))
                 replies = pipe.execute()
+            replies[0] = server_clock.from_reply(replies[0])
         if self.queues is None:
             self.set_queues(replies[1])
-        sec, usec = replies[0]
         names = self.queues[1] if self.queues is not None else set()
-        return float(sec) + float(usec) / 1e6, sorted(names | set(app.queues()))
+        return replies[0], sorted(names | set(app.queues()))
 
     def set_queues(self, raw: Any) -> None:
         self.queues = (time.monotonic(), {untrusted.text(n) or "" for n in raw})

@@ -23,6 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from .. import untrusted
+from ..clock import server_now
 from .stats import COUNTERS, TaskWindow, bucket_starts, parse_bucket, queue_buckets
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class RedisCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self.lock:
             queues = self.queues or self.app.known_queues()
-            now = self.app.monitor._server_time()
+            now = server_now(self.app.redis)
             for queue in queues:
                 self._accumulate(queue, now)
             self.last_now = now

@@ -11,9 +11,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import untrusted
+from ..clock import server_now
 from ..errors import JobNotFound
-from ..worker.published import DECISIONS_KEPT
-from . import figures, queries, series
+from ..fleet.published import DECISIONS_KEPT
+from . import figures, queries
 from .shared import SharedAnswers
 
 if TYPE_CHECKING:
@@ -91,20 +92,20 @@ class Api:
         return self.shared(request, self._workers)
 
     def _workers(self) -> dict[str, Any]:
-        now = series.server_time(self.app)
+        now = server_now(self.app.redis)
         rows = queries.workers(self.app, now)
         capacity = sum(untrusted.integer(w.get("concurrency")) for w in rows)
         return {"time": now, "workers": rows, "capacity": capacity,
                 "supervisors": queries.supervisors(self.app, now)}
 
     def supervisors(self, request: Request) -> Response:
-        now = series.server_time(self.app)
+        now = server_now(self.app.redis)
         kept = int_param(request, "decisions", 10, 0, DECISIONS_KEPT)
         return json_response({"time": now,
                               "supervisors": queries.supervisors(self.app, now, kept)})
 
     def schedules(self, request: Request) -> Response:
-        now = series.server_time(self.app)
+        now = server_now(self.app.redis)
         return json_response({"time": now, "schedules": queries.schedules(self.app, now)})
 
     def queue(self, request: Request) -> Response:

@@ -9,6 +9,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
+from ..clock import server_now
 from . import queries, series
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def queue_series(app: Conveyor, queue: str, window: float) -> dict[str, Any]:
 def task_types(app: Conveyor, window: float) -> list[dict[str, Any]]:
     """Every task type the app registers or the buckets mention, with activity and stats
     (one read of the buckets and one of the activity for all of them)."""
-    now = series.server_time(app)
+    now = server_now(app.redis)
     by_task = {(s.queue, s.task): s for s in app.monitor.stats_by_task(window=window)}
     activity = {(a.queue, a.task): a for a in app.monitor.activity()}
     seen: dict[str, str] = {name: t.queue for name, t in app.tasks.items()}

@@ -17,8 +17,9 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
+from ..clock import server_now
 from ..errors import ConfigurationError, JobNotFound
-from . import queries, series
+from . import queries
 from .api import PAGE_SIZE, WINDOWS, int_param, window_of
 from .security import Csrf
 
@@ -183,12 +184,12 @@ class Pages:
 
     def workers(self, request: Request) -> Response:
         # Rendered here too (the script then keeps them fresh), so they read without it.
-        sups = queries.supervisors(self.app, series.server_time(self.app))
+        sups = queries.supervisors(self.app, server_now(self.app.redis))
         return self.render(request, "workers.html", "workers", supervisors=sups,
                            decisions=latest_decisions(sups))
 
     def schedules(self, request: Request) -> Response:
-        rows = queries.schedules(self.app, series.server_time(self.app))
+        rows = queries.schedules(self.app, server_now(self.app.redis))
         return self.render(request, "schedules.html", "schedules", rows=rows)
 
     # -- actions ---------------------------------------------------------------------------

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from .. import untrusted
 from ..errors import EncodingError
+from ..fleet import published
 from ..job import JobInfo
 from ..monitor.lists import JOB_LISTS, read_schedules
 from ..record import ARGS
-from ..worker import published, registry
+from ..worker import registry
 
 if TYPE_CHECKING:
     from ..app import Conveyor

@@ -14,12 +14,7 @@ from ..monitor.series import PERCENTILES
 from ..monitor.stats import COUNTERS
 
 if TYPE_CHECKING:
-    from ..app import Conveyor
-
-
-def server_time(app: Conveyor) -> float:
-    """The Redis server's clock (epoch s), as the monitor reads it."""
-    return app.monitor._server_time()
+    pass
 
 
 def timing(value: Timing) -> dict[str, float | None]:

@@ -20,11 +20,11 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..clock import ServerClock
 from ..schedule import Scheduler
 from ..scripts import calls
 from ..workflow.handover import HandOvers
 from .backoff import REDIS_ERRORS, pause_after
-from .clock import ServerClock
 from .executor import Executor, Held
 from .leases import keep_leases
 from .loops import LoopDied, Loops

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import hooks
+from ..clock import ServerClock
 from ..context import JobContext, enter, leave
 from ..errors import Snooze
 from ..scripts.calls import Leased, Outcome
-from .clock import ServerClock
 from .threads import ThreadRunner
 
 if TYPE_CHECKING:

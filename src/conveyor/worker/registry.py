@@ -22,12 +22,12 @@ import logging
 import math
 import os
 import socket
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import keys as keyspace
+from ..clock import server_now
 from .backoff import REDIS_ERRORS
 
 if TYPE_CHECKING:
@@ -173,12 +173,6 @@ async def keep_registered(worker: Worker, interval: float = HEARTBEAT_SECONDS) -
                 await pipe.execute()
 
 
-def server_time(app: Conveyor) -> float:
-    """The Redis server's clock, epoch seconds."""
-    sec, usec = app.redis.time()
-    return float(sec) + usec / 1e6 if sec else time.time()
-
-
 def stale_after(interval: float = HEARTBEAT_SECONDS) -> float:
     """Seconds without a heartbeat after which a worker counts as gone (the same span its
     hash lives after its last beat)."""
@@ -198,7 +192,7 @@ def live_workers(app: Conveyor, interval: float = HEARTBEAT_SECONDS,
     :param now: the server's clock (epoch s) when the caller has read it already
     """
     if now is None:
-        now = server_time(app)
+        now = server_now(app.redis)
     with app.redis.pipeline(transaction=False) as pipe:
         queue_members(pipe, app, now, interval)
         members: list[tuple[bytes, float]] = pipe.execute()[1]

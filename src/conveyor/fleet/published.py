@@ -10,13 +10,13 @@ process can still be explained after the fact.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
 from .. import keys as keyspace
+from ..clock import server_now
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -84,8 +84,7 @@ def live_supervisors(app: Conveyor, decisions: int = 5) -> list[SupervisorRecord
     :param decisions: how many of each one's latest decisions to read
     """
     key = keyspace.supervisors_key(app.namespace)
-    sec, usec = app.redis.time()
-    now = float(sec) + usec / 1e6 if sec else time.time()
+    now = server_now(app.redis)
     with app.redis.pipeline(transaction=False) as pipe:
         pipe.zremrangebyscore(key, "-inf", int((now - HEARTBEAT_SECONDS * TTL_BEATS) * 1000))
         pipe.zrange(key, 0, -1, withscores=True)

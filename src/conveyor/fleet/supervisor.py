@@ -10,7 +10,7 @@ decides how many there are.
   The overrun job was already failed with reason ``timeout`` (retried or dead).
 * ``--max-jobs-per-child`` / ``--max-memory-per-child`` recycle children the same way.
 * SIGTERM/SIGINT drain every child gracefully; a second signal stops them at once.
-* With an :class:`~conveyor.worker.autoscale.Autoscaler`, the number of children follows
+* With an :class:`~conveyor.fleet.autoscale.Autoscaler`, the number of children follows
   the queues' signals between a minimum and a maximum. Decisions are logged and published
   in Redis, where ``conveyor info`` shows them.
 
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
+from ..clock import ServerClock
 from . import child as child_process
 from .autoscale import Autoscaler, Decision, SignalReader, Signals
 from .child import Child, describe_exit
@@ -85,9 +86,7 @@ class Supervisor:
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
         if app is None:
-            from ..cli.base import load_app
-
-            app = load_app(app_spec)
+            app = child_process.import_app(app_spec)
         self.app = app
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self.queues = list(queues) or app.queues() or ["default"]
@@ -124,8 +123,8 @@ class Supervisor:
         self._last_advice: tuple[float, int | None] = (-math.inf, None)
         self._last_publish = -math.inf
         self._dirty = True
-        self._clock_offset = 0.0  # server epoch s - local epoch s
-        self._started_at = time.time()
+        self.clock = ServerClock()  # the local clock until run() reads the server's
+        self._started_at = self.clock.now()
         self.publisher = Publisher(app, self.id)
 
     def _cooldown(self) -> float:
@@ -325,7 +324,7 @@ class Supervisor:
     def _read_signals(self, now: float, rate: float, saturated: bool,
                       scale_in_possible: bool) -> Signals:
         assert self.reader is not None
-        ready, p95 = self.reader.backlog(time.time() + self._clock_offset)
+        ready, p95 = self.reader.backlog(self.clock.now())
         if ready > 0 and self._ready_since is None:
             self._ready_since = now
         elif ready == 0:
@@ -352,7 +351,7 @@ class Supervisor:
     def _event(self, kind: str, text: str, **extra: Any) -> None:
         """Log a decision and publish it in the supervisor's capped list."""
         log.log(logging.WARNING if kind == "restart" else logging.INFO, "%s: %s", kind, text)
-        entry = {"at": round(time.time() + self._clock_offset, 3), "kind": kind,
+        entry = {"at": round(self.clock.now(), 3), "kind": kind,
                  "text": text, **extra}
         self.decisions.appendleft(entry)
         self._dirty = True
@@ -363,8 +362,7 @@ class Supervisor:
 
     def _sync_clock(self) -> None:
         try:
-            sec, usec = self.app.redis.time()
-            self._clock_offset = sec + usec / 1e6 - time.time()
+            self._started_at = self.clock.refresh(self.app.redis)
         except ERRORS as exc:
             log.warning("Redis unreachable at start (%s); using the local clock", exc)
 
@@ -392,7 +390,7 @@ class Supervisor:
             return
         self._last_publish, self._dirty = now, False
         try:
-            self.publisher.beat(self.state(), time.time() + self._clock_offset)
+            self.publisher.beat(self.state(), self.clock.now())
         except ERRORS as exc:
             log.debug("could not publish the supervisor's state (%s)", exc)
 

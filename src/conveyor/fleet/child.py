@@ -2,7 +2,7 @@
 its parent over a pipe twice a second (jobs in hand, jobs done, threads stuck past their
 timeout, memory; one JSON message each), so the parent decides without asking Redis.
 
-A child is ``python -m conveyor.worker.child FD OPTIONS``: a fresh interpreter that
+A child is ``python -m conveyor.fleet.child FD OPTIONS``: a fresh interpreter that
 imports only conveyor and the application (by its ``MODULE:APP`` spec), and that anyone
 can recognise in a process list.
 
@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from .registry import SUPERVISOR_ENV
+from ..worker.registry import SUPERVISOR_ENV
 
 if TYPE_CHECKING:
     from ..app import Conveyor
-    from . import Worker
+    from ..worker import Worker
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_RECYCLE", "Child", "ChildOptions", "describe_exit",
            "main"]
@@ -81,7 +81,7 @@ class Child:
         read_fd, write_fd = os.pipe()
         try:
             process = subprocess.Popen(
-                [sys.executable, "-m", "conveyor.worker.child", str(write_fd),
+                [sys.executable, "-m", "conveyor.fleet.child", str(write_fd),
                  json.dumps(dataclasses.asdict(options))],
                 pass_fds=(write_fd,), stdin=subprocess.DEVNULL, process_group=0)
         except BaseException:

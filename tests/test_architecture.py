@@ -1,0 +1,195 @@
+"""The package's layering, read from its source with ``ast``.
+
+* What one worker process runs (``conveyor.worker``) never imports the process fleet
+  (``conveyor.fleet``): the fleet runs workers, not the other way round.
+* Neither imports the operators' shells (``conveyor.cli``, ``conveyor.web``); the shells
+  import them.
+* One module asks Redis for its clock (``conveyor.clock``) and one Lua helper
+  (``scripts/include/clock.lua``): every other module and script gets the server's time
+  from them, so "now" means the same thing everywhere.
+
+Every import counts, including those inside functions and under ``TYPE_CHECKING``: a
+deferred import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import conveyor
+
+SRC = Path(conveyor.__file__).parent
+
+# (importer prefix, imported prefix): the first must never import the second
+FORBIDDEN = [
+    ("conveyor.worker", "conveyor.fleet"),
+    ("conveyor.worker", "conveyor.cli"),
+    ("conveyor.worker", "conveyor.web"),
+    ("conveyor.fleet", "conveyor.cli"),
+    ("conveyor.fleet", "conveyor.web"),
+]
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str  # dotted, e.g. conveyor.worker.leases
+    is_package: bool
+    tree: ast.Module
+    path: str
+
+
+def parse(name: str, source: str, *, is_package: bool = False, path: str = "") -> Module:
+    return Module(name, is_package, ast.parse(source), path or name)
+
+
+def package_modules() -> list[Module]:
+    modules = []
+    for file in sorted(SRC.rglob("*.py")):
+        parts = file.relative_to(SRC.parent).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_package else parts)
+        modules.append(parse(name, file.read_text(), is_package=is_package,
+                             path=str(file.relative_to(SRC.parent))))
+    return modules
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def imported(module: Module) -> Iterator[tuple[int, str]]:
+    """(line, dotted name) for every module an import statement may load; ``from X import
+    y`` yields both ``X`` and ``X.y``, since ``y`` may be a submodule."""
+    package = module.name if module.is_package else module.name.rpartition(".")[0]
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                base_parts = base_parts[:len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            yield node.lineno, base
+            for alias in node.names:
+                yield node.lineno, f"{base}.{alias.name}"
+
+
+def layering_violations(modules: list[Module]) -> list[str]:
+    found = []
+    for module in modules:
+        for line, target in imported(module):
+            for importer, banned in FORBIDDEN:
+                if _within(module.name, importer) and _within(target, banned):
+                    found.append(f"{module.path}:{line} imports {target}"
+                                 f" ({importer} must not import {banned})")
+    return sorted(set(found))
+
+
+def test_worker_and_fleet_import_one_way() -> None:
+    modules = package_modules()
+    names = {m.name for m in modules}
+    assert {"conveyor.worker", "conveyor.fleet.supervisor", "conveyor.fleet.child",
+            "conveyor.fleet.autoscale"} <= names
+    assert layering_violations(modules) == []
+
+
+def test_the_layering_check_catches_each_kind_of_import() -> None:
+    cases = [
+        ("conveyor.worker.leases", False, "from ..fleet import supervisor"),
+        ("conveyor.worker.leases", False, "from ..fleet.child import Child"),
+        ("conveyor.worker", True, "from ..fleet.supervisor import Supervisor"),
+        ("conveyor.worker.outbox", False, "import conveyor.fleet.autoscale"),
+        ("conveyor.worker.wake", False, "def f():\n    from ..cli.base import load_app\n"),
+        ("conveyor.worker.wake", False,
+         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..web import create_app\n"),
+        ("conveyor.fleet.supervisor", False, "from .. import cli"),
+        ("conveyor.fleet", True, "from ..web.api import Api"),
+    ]
+    for name, is_package, source in cases:
+        assert layering_violations([parse(name, source, is_package=is_package)]), source
+    allowed = [
+        ("conveyor.fleet.child", False, "from ..worker import Worker"),
+        ("conveyor.worker.leases", False, "from .backoff import pause_after"),
+        ("conveyor.worker", True, "from .wake import leave_markers"),
+        ("conveyor.cli.worker", False, "from ..fleet.supervisor import Supervisor"),
+        ("conveyor.web.queries", False, "from ..fleet import published"),
+        ("conveyor.worker.registry", False, "from .. import keys"),
+    ]
+    for name, is_package, source in allowed:
+        assert layering_violations([parse(name, source, is_package=is_package)]) == [], source
+
+
+CLOCK_MODULE = "conveyor.clock"
+LUA_CLOCK = Path("scripts/include/clock.lua")
+LOOP_GETTERS = {"get_running_loop", "get_event_loop"}
+
+
+def _time_module_names(tree: ast.Module) -> set[str]:
+    return {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+            for alias in node.names if alias.name == "time"}
+
+
+def _is_event_loop(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name)
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+            in LOOP_GETTERS)
+
+
+def time_senders(modules: list[Module]) -> list[str]:
+    """Places outside :mod:`conveyor.clock` that send ``TIME``: a ``.time()`` call on
+    anything but the ``time`` module or an event loop, or a ``"TIME"`` command name."""
+    found = []
+    for module in modules:
+        if module.name == CLOCK_MODULE:
+            continue
+        time_names = _time_module_names(module.tree)
+        for node in ast.walk(module.tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "time"):
+                receiver = node.func.value
+                if not ((isinstance(receiver, ast.Name) and receiver.id in time_names)
+                        or _is_event_loop(receiver)):
+                    found.append(f"{module.path}:{node.lineno} calls {ast.unparse(node)}")
+            elif isinstance(node, ast.Constant) and node.value in ("TIME", b"TIME"):
+                found.append(f"{module.path}:{node.lineno} names the TIME command")
+    return found
+
+
+def test_one_module_reads_the_server_clock() -> None:
+    assert time_senders(package_modules()) == []
+
+
+def test_one_lua_helper_reads_the_server_clock() -> None:
+    scripts = SRC / "scripts"
+    readers = sorted(str(f.relative_to(SRC)) for f in scripts.rglob("*.lua")
+                     if re.search(r"""redis\.p?call\(\s*['"]TIME['"]""", f.read_text(),
+                                  re.IGNORECASE))
+    assert readers == [str(LUA_CLOCK)]
+
+
+def test_the_clock_check_catches_each_way_of_sending_time() -> None:
+    senders = [
+        "sec, usec = app.redis.time()",
+        "async def f(client):\n    return await client.time()",
+        "with app.redis.pipeline() as pipe:\n    pipe.time()",
+        "client.execute_command('TIME')",
+        "import time as clock\nr.time()",
+    ]
+    for source in senders:
+        assert time_senders([parse("conveyor.monitor.x", source)]), source
+    local_clocks = [
+        "import time\nnow = time.time()",
+        "import time as _t\nnow = _t.time()",
+        "import asyncio\nnow = asyncio.get_running_loop().time()",
+        "time_left = 'time'",
+    ]
+    for source in local_clocks:
+        assert time_senders([parse("conveyor.monitor.x", source)]) == [], source
+    assert time_senders([parse(CLOCK_MODULE, "client.time()")]) == []
