@@ -18,7 +18,7 @@ from typing import Any
 import redis.asyncio.client
 import redis.exceptions
 
-from conveyor.scripts import SCRIPT_NAMES, source
+from conveyor.scripts import SCRIPT_NAMES, AsyncScriptRunner, source
 
 ERRORS: dict[str, Callable[[], BaseException]] = {
     "connection": lambda: redis.exceptions.ConnectionError("injected: connection reset by peer"),
@@ -109,10 +109,21 @@ class FaultPlan:
                 raise error
             return await original_execute(pipe, raise_on_error)
 
+        self._send = AsyncScriptRunner._send
+        original_send = self._send
+
+        async def send(runner: Any, call: Any, pool: Any) -> Any:  # enqueue's direct path
+            error = plan._take([f"script:{call.name}"])
+            if error is not None:
+                raise error
+            return await original_send(runner, call, pool)
+
         redis.asyncio.client.Redis.execute_command = execute_command  # type: ignore[method-assign]
         redis.asyncio.client.Pipeline.execute = execute  # type: ignore[method-assign]
+        AsyncScriptRunner._send = send  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
         redis.asyncio.client.Redis.execute_command = self._execute_command  # type: ignore[method-assign]
         redis.asyncio.client.Pipeline.execute = self._pipeline_execute  # type: ignore[method-assign]
+        AsyncScriptRunner._send = self._send  # type: ignore[method-assign]

@@ -104,6 +104,12 @@ for _name in SCRIPT_NAMES:
     source(_name)
 
 
+# Scripts sent straight on a pooled connection (see ScriptRunner._send): the one a
+# producer calls once per job. A worker's scripts run once per batch and keep redis-py's
+# whole path.
+DIRECT = frozenset({"enqueue"})
+
+
 def _identity(reply: Any) -> Any:
     return reply
 
@@ -150,7 +156,7 @@ class ScriptRunner:
 
         On a pipeline, the reply arrives with the pipeline's results: parse it there.
         """
-        if client is None and self._pool is not None:
+        if client is None and self._pool is not None and call.name in DIRECT:
             return call.parse(self._send(call, self._pool))
         reply = self._scripts[call.name](keys=call.keys, args=call.args, client=client)
         return call.parse(reply)
@@ -223,7 +229,7 @@ class AsyncScriptRunner:
         self._pool = client.connection_pool if self.pipelined else None
 
     async def run(self, call: ScriptCall[T], client: Any = None) -> T:
-        if client is None and self._pool is not None:
+        if client is None and self._pool is not None and call.name in DIRECT:
             return call.parse(await self._send(call, self._pool))
         reply = await self._scripts[call.name](
             keys=call.keys, args=call.args, client=client
