@@ -1,7 +1,8 @@
 """Typed wrappers: one function per script, building the :class:`ScriptCall` to send.
 
-``KEYS`` and ``ARGV`` below name each script's KEYS and fixed ARGV entries in the order of
-the script's header (a test checks them against the ``.lua`` files). Callers pass a
+``KEYS`` names each script's KEYS and ``ARGV`` gives the typed tuple of its fixed ARGV
+entries, both in the order of the script's header (a test checks them against the
+``.lua`` files); every call's fixed arguments are built as that tuple. Callers pass a
 :class:`~conveyor.keys.QueueKeys` and typed values; they never build key lists by hand.
 """
 
@@ -43,27 +44,131 @@ KEYS: dict[str, tuple[str, ...]] = {
     "set_limits": ("limits", "buckets", "parked", "ready_prefix", "ring_prefix", "priorities",
                    "wake", "counts"),
 }
-ARGV: dict[str, tuple[str, ...]] = {
-    "enqueue": ("now", "bucket_seconds", "bucket_ttl", "claim", "claim_tick", "claim_mode",
-                "task", "priority", "tenant", "delay_ms", "at_ms", "max_attempts", "key",
-                "visibility_ms", "debounce_ms", "debounce_max_ms", "throttle_ms", "trace",
-                "count"),
-    "fetch": ("now", "count", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
-              "nonce"),
-    "finish": ("now", "retention", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
-               "snooze_cap", "count"),
-    "heartbeat": ("now", "count"),
-    "release": ("count",),
-    "cancel": ("now", "retention", "id", "reason"),
-    "requeue_dead": ("limit",),
-    "purge_dead": ("limit",),
-    "progress": ("count",),
-    "step": ("id", "token", "name", "value"),
-    "workflow_enqueue": ("now", "bucket_seconds", "bucket_ttl", "retention", "workflow", "home",
-                         "nodes", "total", "count"),
-    "workflow_release": ("now", "retention", "count"),
-    "workflow_settle": ("retention", "workflow", "count"),
-    "set_limits": ("clear", "count"),
+# The fixed ARGV of each script, in the order of its header (a test compares the fields
+# with the .lua files); what follows them (the jobs, outcomes, ... a call carries) is
+# appended by the function that builds the call.
+class EnqueueArgv(NamedTuple):
+    now: str
+    bucket_seconds: int
+    bucket_ttl: int
+    claim: str
+    claim_tick: Arg
+    claim_mode: str
+    task: str
+    priority: int
+    tenant: str
+    delay_ms: str
+    at_ms: str
+    max_attempts: int
+    key: str
+    visibility_ms: int
+    debounce_ms: str
+    debounce_max_ms: str
+    throttle_ms: str
+    trace: str
+    jobs: int
+
+
+class FetchArgv(NamedTuple):
+    now: str
+    want: int
+    dead_cap: int
+    events_maxlen: int
+    bucket_seconds: int
+    bucket_ttl: int
+    nonce: str
+
+
+class FinishArgv(NamedTuple):
+    now: str
+    retention: int
+    dead_cap: int
+    events_maxlen: int
+    bucket_seconds: int
+    bucket_ttl: int
+    snooze_cap: int
+    outcomes: int
+
+
+class HeartbeatArgv(NamedTuple):
+    now: str
+    leases: int
+
+
+class ReleaseArgv(NamedTuple):
+    jobs: int
+
+
+class CancelArgv(NamedTuple):
+    now: str
+    retention: int
+    id: str
+    reason: str
+
+
+class RequeueDeadArgv(NamedTuple):
+    limit: int
+
+
+class PurgeDeadArgv(NamedTuple):
+    limit: int
+
+
+class ProgressArgv(NamedTuple):
+    reports: int
+
+
+class StepArgv(NamedTuple):
+    id: str
+    token: str
+    name: str
+    value: bytes
+
+
+class WorkflowEnqueueArgv(NamedTuple):
+    now: str
+    bucket_seconds: int
+    bucket_ttl: int
+    retention: int
+    workflow: str
+    home: str
+    nodes: bytes | str
+    total: int
+    node_count: int
+
+
+class WorkflowReleaseArgv(NamedTuple):
+    now: str
+    retention: int
+    handovers: int
+
+
+class WorkflowSettleArgv(NamedTuple):
+    retention: int
+    workflow: str
+    ended: int
+
+
+class SetLimitsArgv(NamedTuple):
+    clear: str
+    changes: int
+
+
+ARGV: dict[str, type[tuple[Any, ...]]] = {
+    "enqueue": EnqueueArgv,
+    "fetch": FetchArgv,
+    "finish": FinishArgv,
+    "heartbeat": HeartbeatArgv,
+    "release": ReleaseArgv,
+    "cancel": CancelArgv,
+    "requeue_dead": RequeueDeadArgv,
+    "purge_dead": PurgeDeadArgv,
+    "progress": ProgressArgv,
+    "step": StepArgv,
+    "workflow_enqueue": WorkflowEnqueueArgv,
+    "workflow_release": WorkflowReleaseArgv,
+    "workflow_settle": WorkflowSettleArgv,
+    "set_limits": SetLimitsArgv,
 }
 
 
@@ -84,14 +189,18 @@ def _keys(name: str, k: QueueKeys) -> tuple[str, ...]:
     return tuple(getattr(k, attr) for attr in KEYS[name])
 
 
-def _call(name: str, k: QueueKeys, args: Sequence[Arg], parse: Any = None) -> ScriptCall[Any]:
+def _call(name: str, k: QueueKeys, fixed: tuple[Any, ...], rest: Sequence[Arg] = (),
+          parse: Any = None) -> ScriptCall[Any]:
+    """The call of script ``name``: its KEYS from ``k``, its ARGV the fields of ``fixed``
+    (the script's own typed tuple, see :data:`ARGV`) followed by ``rest``."""
     keys = _keys(name, k)
+    args: Sequence[Arg] = (*fixed, *rest) if rest else fixed
     if parse is None:
         return ScriptCall(name, keys, args)
     return ScriptCall(name, keys, args, parse)
 
 
-def _now(now: float | None) -> Arg:
+def _now(now: float | None) -> str:
     return "" if now is None else repr(float(now))
 
 
@@ -115,13 +224,6 @@ class JobSpec(NamedTuple):
     debounce_max_ms: float | None = None
     throttle_ms: float | None = None
     trace: str = ""
-
-    def fields(self) -> tuple[Arg, ...]:
-        return (
-            self.task, self.priority, self.tenant, _opt(self.delay_ms), _opt(self.at_ms),
-            self.max_attempts, self.key, self.visibility_ms, _opt(self.debounce_ms),
-            _opt(self.debounce_max_ms), _opt(self.throttle_ms), self.trace,
-        )
 
 
 def _opt(ms: float | None) -> str:
@@ -157,17 +259,21 @@ def enqueue(
 ) -> ScriptCall[list[tuple[str, bool]]]:
     """Store ``jobs``, given as (short id, encoded arguments), all as ``spec`` says; the
     reply pairs each with (short id, created), or is empty when ``claim`` was taken."""
-    args: list[Arg] = [_now(now), limits.bucket_seconds, limits.bucket_ttl]
-    if claim is None:
-        args += ["", "", "fire"]
-    else:
-        args += [claim.name, claim.tick_ms, "seen" if claim.only_if_seen else "fire"]
-    args.extend(spec.fields())
-    args.append(len(jobs))
+    fixed = EnqueueArgv(
+        now=_now(now), bucket_seconds=limits.bucket_seconds, bucket_ttl=limits.bucket_ttl,
+        claim="" if claim is None else claim.name,
+        claim_tick="" if claim is None else claim.tick_ms,
+        claim_mode="seen" if claim is not None and claim.only_if_seen else "fire",
+        task=spec.task, priority=spec.priority, tenant=spec.tenant,
+        delay_ms=_opt(spec.delay_ms), at_ms=_opt(spec.at_ms), max_attempts=spec.max_attempts,
+        key=spec.key, visibility_ms=spec.visibility_ms, debounce_ms=_opt(spec.debounce_ms),
+        debounce_max_ms=_opt(spec.debounce_max_ms), throttle_ms=_opt(spec.throttle_ms),
+        trace=spec.trace, jobs=len(jobs))
+    rest: list[Arg] = []
     for short_id, encoded in jobs:
-        args.append(short_id)
-        args.append(encoded)
-    return _call("enqueue", k, args, _parse_enqueue(jobs))
+        rest.append(short_id)
+        rest.append(encoded)
+    return _call("enqueue", k, fixed, rest, _parse_enqueue(jobs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,9 +362,9 @@ def fetch(
     k: QueueKeys, count: int, limits: Limits, now: float | None = None
 ) -> ScriptCall[Fetched]:
     """Lease up to ``count`` jobs (after promotion and lease reclaim)."""
-    args: list[Arg] = [_now(now), count, limits.dead_cap, limits.events_maxlen,
-                       limits.bucket_seconds, limits.bucket_ttl, os.urandom(8).hex()]
-    return _call("fetch", k, args, _parse_fetch)
+    fixed = FetchArgv(_now(now), count, limits.dead_cap, limits.events_maxlen,
+                      limits.bucket_seconds, limits.bucket_ttl, os.urandom(8).hex())
+    return _call("fetch", k, fixed, (), _parse_fetch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,12 +402,14 @@ def finish(
     k: QueueKeys, outcomes: Sequence[Outcome], limits: Limits, now: float | None = None
 ) -> ScriptCall[Finished]:
     """Record ``outcomes``; only current fencing tokens are accepted."""
-    args: list[Arg] = [_now(now), limits.retention, limits.dead_cap, limits.events_maxlen,
-                       limits.bucket_seconds, limits.bucket_ttl, limits.snooze_cap, len(outcomes)]
+    fixed = FinishArgv(_now(now), limits.retention, limits.dead_cap, limits.events_maxlen,
+                       limits.bucket_seconds, limits.bucket_ttl, limits.snooze_cap,
+                       len(outcomes))
+    rest: list[Arg] = []
     for o in outcomes:
-        args.extend((o.short_id, o.token, o.outcome, f"{o.started_at:.6f}", o.payload,
+        rest.extend((o.short_id, o.token, o.outcome, f"{o.started_at:.6f}", o.payload,
                      o.retry_delay_ms))
-    return _call("finish", k, args, _parse_finish)
+    return _call("finish", k, fixed, rest, _parse_finish)
 
 
 BEAT_LOST, BEAT_KEPT, BEAT_CANCEL = 0, 1, 2
@@ -312,10 +420,11 @@ def heartbeat(
 ) -> ScriptCall[list[int]]:
     """Extend leases given as (short id, token, extend_ms); per lease :data:`BEAT_KEPT`,
     :data:`BEAT_LOST`, or :data:`BEAT_CANCEL` (kept, and the job is to be cancelled)."""
-    args: list[Arg] = [_now(now), len(leases)]
+    rest: list[Arg] = []
     for short_id, token, extend_ms in leases:
-        args.extend((short_id, token, extend_ms))
-    return _call("heartbeat", k, args, lambda r: [int(c) for c in r])
+        rest.extend((short_id, token, extend_ms))
+    return _call("heartbeat", k, HeartbeatArgv(_now(now), len(leases)), rest,
+                 lambda r: [int(c) for c in r])
 
 
 def release(
@@ -324,10 +433,10 @@ def release(
     """Hand back leased jobs given as (short id, token) when they never started, or
     (short id, token, reason) when their run was interrupted (the reason is recorded);
     either way the attempt is refunded."""
-    args: list[Arg] = [len(jobs)]
+    rest: list[Arg] = []
     for job in jobs:
-        args.extend((job[0], job[1], job[2] if len(job) > 2 else ""))
-    return _call("release", k, args, int)
+        rest.extend((job[0], job[1], job[2] if len(job) > 2 else ""))
+    return _call("release", k, ReleaseArgv(len(jobs)), rest, int)
 
 
 def cancel(
@@ -335,7 +444,8 @@ def cancel(
 ) -> ScriptCall[str]:
     """Cancel a job (a running one: ask its holder to stop); the reply is the state it
     was in."""
-    return _call("cancel", k, [_now(now), limits.retention, short_id, reason], _text)
+    return _call("cancel", k, CancelArgv(_now(now), limits.retention, short_id, reason), (),
+                 _text)
 
 
 CANCELLABLE = ("scheduled", "retrying", "ready", "active")
@@ -343,21 +453,22 @@ CANCELLABLE = ("scheduled", "retrying", "ready", "active")
 
 def requeue_dead(k: QueueKeys, short_ids: Sequence[str], limit: int = 1000) -> ScriptCall[int]:
     """Requeue the given dead jobs, or (no ids) up to ``limit`` of the oldest."""
-    return _call("requeue_dead", k, [limit, *short_ids], int)
+    return _call("requeue_dead", k, RequeueDeadArgv(limit), short_ids, int)
 
 
 def purge_dead(k: QueueKeys, limit: int = 1000) -> ScriptCall[int]:
     """Delete up to ``limit`` dead jobs, oldest first."""
-    return _call("purge_dead", k, [limit], int)
+    return _call("purge_dead", k, PurgeDeadArgv(limit), (), int)
 
 
 def progress(k: QueueKeys, reports: Sequence[tuple[str, str, float, str]]) -> ScriptCall[list[int]]:
     """Record progress given as (short id, token, fraction, note); 1 written, 0 refused
     (a stale token, or a job being cancelled)."""
-    args: list[Arg] = [len(reports)]
+    rest: list[Arg] = []
     for short_id, token, fraction, note in reports:
-        args.extend((short_id, token, repr(float(fraction)), note))
-    return _call("progress", k, args, lambda r: [int(c) for c in r])
+        rest.extend((short_id, token, repr(float(fraction)), note))
+    return _call("progress", k, ProgressArgv(len(reports)), rest,
+                 lambda r: [int(c) for c in r])
 
 
 STEP_REFUSED, STEP_RECORDED, STEP_KEPT, STEP_CANCELLING = 0, 1, 2, 3
@@ -372,7 +483,7 @@ def step(k: QueueKeys, short_id: str, token: str, name: str, value: bytes
          ) -> ScriptCall[tuple[int, bytes]]:
     """Record the encoded result of step ``name``: (:data:`STEP_RECORDED`, b''),
     (:data:`STEP_KEPT`, the value recorded before), or a refusal with b''."""
-    return _call("step", k, [short_id, token, name, value], _parse_step)
+    return _call("step", k, StepArgv(short_id, token, name, value), (), _parse_step)
 
 
 class NodeSpec(NamedTuple):
@@ -403,23 +514,22 @@ def workflow_enqueue(
 ) -> ScriptCall[int]:
     """Store the nodes of ``workflow`` that live in ``k``'s queue (and its record, when
     ``home`` is given); the reply is how many nodes were stored."""
-    args: list[Arg] = [_now(now), limits.bucket_seconds, limits.bucket_ttl, limits.retention,
-                       workflow]
-    if home is None:
-        args += ["", "", total]
-    else:
-        args += [home.short_id, home.nodes, home.total]
-    args.append(len(nodes))
+    fixed = WorkflowEnqueueArgv(
+        now=_now(now), bucket_seconds=limits.bucket_seconds, bucket_ttl=limits.bucket_ttl,
+        retention=limits.retention, workflow=workflow,
+        home="" if home is None else home.short_id, nodes=b"" if home is None else home.nodes,
+        total=total if home is None else home.total, node_count=len(nodes))
+    rest: list[Arg] = []
     for node in nodes:
         s = node.spec
-        args.extend((
+        rest.extend((
             node.short_id, s.task, s.priority, s.tenant,
             "" if s.delay_ms is None else repr(float(s.delay_ms)),
             "" if s.at_ms is None else repr(float(s.at_ms)),
             s.max_attempts, s.visibility_ms, node.args, node.name, node.waits_for,
             node.run_if, node.parents, node.children,
         ))
-    return _call("workflow_enqueue", k, args, int)
+    return _call("workflow_enqueue", k, fixed, rest, int)
 
 
 def workflow_release(
@@ -429,10 +539,12 @@ def workflow_release(
     """Tell waiting nodes of ``k``'s queue, given as (child short id, parent job id,
     outcome: '' succeeded, else the reason), that a parent ended; the reply is how many
     were released and how many cancelled."""
-    args: list[Arg] = [_now(now), limits.retention, len(handovers)]
+    rest: list[Arg] = []
     for child, parent, outcome in handovers:
-        args.extend((child, parent, outcome))
-    return _call("workflow_release", k, args, lambda r: (int(r[0]), int(r[1])))
+        rest.extend((child, parent, outcome))
+    return _call("workflow_release", k, WorkflowReleaseArgv(_now(now), limits.retention,
+                                                            len(handovers)),
+                 rest, lambda r: (int(r[0]), int(r[1])))
 
 
 def workflow_settle(
@@ -440,8 +552,8 @@ def workflow_settle(
 ) -> ScriptCall[int]:
     """Note in the home queue that nodes (job ids) of a workflow ended; the reply is how
     many have ended in all."""
-    args: list[Arg] = [limits.retention, workflow_short_id, len(ended), *ended]
-    return _call("workflow_settle", k, args, int)
+    fixed = WorkflowSettleArgv(limits.retention, workflow_short_id, len(ended))
+    return _call("workflow_settle", k, fixed, ended, int)
 
 
 def _parse_hash(reply: Any) -> dict[str, str]:
@@ -453,7 +565,8 @@ def set_limits(
 ) -> ScriptCall[dict[str, str]]:
     """Change flow-control limit fields given as (field, value); '' removes a field.
     ``clear`` removes every limit first. The reply is the limits hash afterwards."""
-    args: list[Arg] = ["1" if clear else "", len(changes)]
+    rest: list[Arg] = []
     for name, value in changes:
-        args.extend((name, value))
-    return _call("set_limits", k, args, _parse_hash)
+        rest.extend((name, value))
+    return _call("set_limits", k, SetLimitsArgv("1" if clear else "", len(changes)), rest,
+                 _parse_hash)

@@ -33,7 +33,7 @@
 -- ARGV[16] debounce_max_ms '' or: ... but no later than this long after the first one
 -- ARGV[17] throttle_ms    '' or: with a key, the key stays taken this long from the first
 -- ARGV[18] trace          '' or the trace id (32 hex chars) of the call, for the sink
--- ARGV[19] count          number of jobs that follow, 2 fields each: short id, args
+-- ARGV[19] jobs           number of jobs that follow, 2 fields each: short id, args
 -- Returns: the number of jobs stored (all of them); or, when a held dedupe key or a taken
 --          claim stops it, a list: { short id of the job holding the key, 0 } or {}
 --@include clock

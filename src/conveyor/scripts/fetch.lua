@@ -27,7 +27,7 @@
 -- KEYS[18] running
 -- KEYS[19] parked
 -- ARGV[1] now             '' for the server clock (ms override, tests only)
--- ARGV[2] count           most jobs to lease (the worker's free slots)
+-- ARGV[2] want            most jobs to lease (the worker's free slots)
 -- ARGV[3] dead_cap        most dead letters kept
 -- ARGV[4] events_maxlen   approximate cap of the events stream
 -- ARGV[5] bucket_seconds  width of a metric bucket

@@ -30,7 +30,7 @@
 -- ARGV[5] bucket_seconds  width of a metric bucket
 -- ARGV[6] bucket_ttl      lifetime of a metric bucket (s)
 -- ARGV[7] snooze_cap      most snoozes of a job; one more makes it dead
--- ARGV[8] count           number of outcomes that follow, 6 fields each:
+-- ARGV[8] outcomes        number of outcomes that follow, 6 fields each:
 --         short id, token, outcome ('ok' | 'retry' | 'dead' | 'snooze' | 'cancelled'),
 --         started_at (epoch s), payload (encoded result for 'ok', error text otherwise),
 --         retry_delay_ms (the delay of a retry or a snooze)

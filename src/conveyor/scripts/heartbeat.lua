@@ -7,7 +7,7 @@
 -- KEYS[2] leases
 -- KEYS[3] cancelling
 -- ARGV[1] now     '' for the server clock (ms override, tests only)
--- ARGV[2] count   number of leases that follow, 3 fields each: short id, token, extend_ms
+-- ARGV[2] leases  number of leases that follow, 3 fields each: short id, token, extend_ms
 -- Returns: one code per lease: 1 extended, 0 lost (the token is no longer current),
 --          2 extended, and the job is to be cancelled
 --@include clock

@@ -3,7 +3,7 @@
 -- and not once the job is being cancelled: a stale or cancelled run's progress is refused.
 --
 -- KEYS[1] job_prefix
--- ARGV[1] count   number of reports that follow, 4 fields each: short id, token,
+-- ARGV[1] reports number of reports that follow, 4 fields each: short id, token,
 --                 fraction (0-1), note ('' for none)
 -- Returns: one code per report: 1 written, 0 refused
 

@@ -16,7 +16,7 @@
 -- KEYS[9] running
 -- KEYS[10] parked
 -- KEYS[11] limits
--- ARGV[1] count   number of jobs that follow, 3 fields each: short id, token, reason
+-- ARGV[1] jobs    number of jobs that follow, 3 fields each: short id, token, reason
 --                 ('' for a job that never started, else why its run was interrupted)
 -- Returns: number of jobs handed back (stale tokens are skipped)
 --@include ready

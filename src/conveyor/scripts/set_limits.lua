@@ -12,7 +12,7 @@
 -- KEYS[7] wake
 -- KEYS[8] counts
 -- ARGV[1] clear   '1': remove every limit (and bucket) first, '' to change only the fields
--- ARGV[2] count   number of changes that follow, 2 fields each: field, value ('' removes
+-- ARGV[2] changes number of changes that follow, 2 fields each: field, value ('' removes
 --                 the field). Fields: concurrency, tenant_concurrency, c:<tenant> (an
 --                 integer >= 0); rate, tenant_rate, r:<tenant> (jobs per second, > 0)
 -- Returns: the limits hash after the change, flat (field, value, ...)

@@ -25,7 +25,7 @@
 -- ARGV[6] home            '' or the workflow's short id: store its record in this queue
 -- ARGV[7] nodes           the workflow's node list (encoded; read by Python only)
 -- ARGV[8] total           number of nodes in the whole workflow
--- ARGV[9] count           number of nodes that follow, 14 fields each: short id, task,
+-- ARGV[9] node_count      number of nodes that follow, 14 fields each: short id, task,
 --         priority, tenant, delay_ms, at_ms, max_attempts, visibility_ms, args, name,
 --         parents to wait for, run_if ('succeeded' | 'finished'), parents, children
 --         (both encoded, read by Python only)

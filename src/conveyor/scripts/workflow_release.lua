@@ -17,7 +17,7 @@
 -- KEYS[9] waiting_prefix   waiting hashes: waiting_prefix .. short id
 -- ARGV[1] now              '' for the server clock (ms override, tests only)
 -- ARGV[2] retention        seconds a cancelled record is kept
--- ARGV[3] count            number of hand-overs that follow, 3 fields each:
+-- ARGV[3] handovers        number of hand-overs that follow, 3 fields each:
 --         child short id, parent public id, outcome ('' succeeded, else the reason)
 -- Returns: { nodes made ready or scheduled, nodes cancelled }
 --@include clock

@@ -6,7 +6,7 @@
 -- KEYS[1] workflow_prefix  workflow records: workflow_prefix .. short id (+ ':ended')
 -- ARGV[1] retention        seconds the record is kept after the last node ended
 -- ARGV[2] workflow         short id of the workflow
--- ARGV[3] count            number of node ids (public) that follow
+-- ARGV[3] ended            number of node ids (public) that follow
 -- Returns: how many nodes of the workflow have ended
 local workflow_prefix = KEYS[1]
 local retention, short, n = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
