@@ -8,7 +8,7 @@ entries, both in the order of the script's header (a test checks them against th
 
 from __future__ import annotations
 
-import os
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -200,6 +200,12 @@ def _call(name: str, k: QueueKeys, fixed: tuple[Any, ...], rest: Sequence[Arg] =
     return ScriptCall(name, keys, args, parse)
 
 
+def _nonce() -> str:
+    """64 random bits for a fetch's tokens: from the process's PRNG (seeded from the OS,
+    and again in a forked child), not a system call per fetch."""
+    return f"{random.getrandbits(64):016x}"
+
+
 def _now(now: float | None) -> str:
     return "" if now is None else repr(float(now))
 
@@ -363,7 +369,7 @@ def fetch(
 ) -> ScriptCall[Fetched]:
     """Lease up to ``count`` jobs (after promotion and lease reclaim)."""
     fixed = FetchArgv(_now(now), count, limits.dead_cap, limits.events_maxlen,
-                      limits.bucket_seconds, limits.bucket_ttl, os.urandom(8).hex())
+                      limits.bucket_seconds, limits.bucket_ttl, _nonce())
     return _call("fetch", k, fixed, (), _parse_fetch)
 
 
