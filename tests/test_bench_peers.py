@@ -1,5 +1,6 @@
-"""The peer benchmark's nearly free task body: counts reach Redis, once each, from
-threads, forked children and burst workers that exit."""
+"""The peer benchmark's own parts that its figures rest on: the nearly free task body
+(counts reach Redis, once each, from threads, forked children and burst workers that
+exit), the Redis server's CPU reading, and the rows the report prints."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ from pathlib import Path
 import redis
 
 from helpers import RedisServer, wait_until
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.peers.redis_server import private_redis
+from bench.peers.report import table_rows
+from bench.peers.results import PeerResult, Value
 
 ROOT = Path(__file__).resolve().parent.parent
 COUNTER = "bench:done"
@@ -100,3 +106,28 @@ def test_latency_probes_keep_the_full_body(make_server: type[RedisServer]) -> No
     proc.communicate("", timeout=30)
     assert _count(server.client()) == 1
     assert server.client().llen("bench:latency") == 1
+
+
+def test_server_cpu_grows_with_work_and_a_poll_costs_microseconds() -> None:
+    with private_redis() as server:
+        before = server.cpu_seconds()
+        per_get = server.poll_cpu_seconds(COUNTER, calls=2000)
+        assert server.cpu_seconds() > before
+        assert 0 < per_get < 0.001
+
+
+def test_report_rows_name_sizes_and_compare_cpu_lower_is_better() -> None:
+    def result(name: str, cpu: float) -> PeerResult:
+        r = PeerResult(name, name)
+        r.values = {"cpu_total": Value(cpu), "mem_per_job_large": Value(150.0)}
+        return r
+
+    rows = table_rows(
+        [result("huey", 30.0), result("rq", 60.0), result("conveyor", 24.0)],
+        sizes={"mem_jobs": 10_000, "mem_jobs_large": 1_000_000},
+    )
+    by_label = {row[0]: row for row in rows[1:]}
+    cpu = by_label["Redis CPU per job: single enqueue plus drain (µs, lower is better)"]
+    assert cpu[-2] == "0.80x (huey)"
+    assert "Redis memory per queued job, 1,000,000 queued (bytes, lower is better)" in by_label
+    assert "Redis memory per queued job, 10,000 queued (bytes, lower is better)" in by_label
