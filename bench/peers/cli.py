@@ -9,6 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import dashboard
 from .driver_handle import DriverHandle
 from .redis_server import RedisServer, private_redis
 from .report import print_table, write_markdown
@@ -27,6 +28,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--enqueue-jobs", type=int, help="jobs per enqueue run (default 3000)")
     p.add_argument("--drain-cap", type=float, help="seconds before a drain run is cut off")
     p.add_argument(
+        "--mem-jobs",
+        type=int,
+        help="queued jobs for the large memory figure (default 1000000; conveyor always, "
+        "a peer only if its enqueue rate fills them within --mem-budget)",
+    )
+    p.add_argument("--mem-budget", type=float, help="seconds a peer's large fill may take (30)")
+    p.add_argument("--no-dashboard", action="store_true", help="skip the dashboard cost table")
+    p.add_argument(
         "--output",
         type=Path,
         default=BENCH_DIR / "RESULTS.md",
@@ -44,6 +53,8 @@ def _options(args: argparse.Namespace) -> Options:
             "runs": args.runs,
             "enqueue_jobs": args.enqueue_jobs,
             "drain_cap_s": args.drain_cap,
+            "mem_jobs_large": args.mem_jobs,
+            "mem_large_budget_s": args.mem_budget,
         }.items()
         if v is not None
     }
@@ -58,7 +69,7 @@ def _bench_one(spec: PeerSpec, server: RedisServer, opts: Options, log_dir: Path
         python = ensure_venv(spec, log=print)
     except VenvError as exc:
         return PeerResult(spec.name, spec.title, status=f"n/a: venv: {exc}")
-    handle = DriverHandle(spec, python, server.url, log_dir)
+    handle = DriverHandle(spec, python, server.url, log_dir, server.pid)
     return PeerBench(handle, server, opts, log=print).run()
 
 
@@ -92,13 +103,27 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  ({time.monotonic() - t0:.0f}s, load average {load})")
             results.append(result)
             server.flush()
+    sections = []
+    if not args.no_dashboard and any(s.name == "conveyor" for s in specs):
+        print("== dashboard cost (bench.dashboard_cost)")
+        text = dashboard.measure()
+        print(text)
+        sections.append(dashboard.section(text))
     elapsed = time.monotonic() - started
-    print_table(results)
+    sizes = {"mem_jobs": min(opts.mem_jobs, opts.jobs), "mem_jobs_large": opts.mem_jobs_large}
+    print_table(results, sizes)
     if not args.no_write:
         flags = " ".join(sys.argv[1:]) or "(defaults)"
         options_text = f"with `{flags}`: {opts}"
         write_markdown(
-            args.output, results, redis_version, platform.python_version(), options_text, elapsed
+            args.output,
+            results,
+            redis_version,
+            platform.python_version(),
+            options_text,
+            elapsed,
+            sizes,
+            sections,
         )
         print(f"wrote {args.output}")
     print(f"total {elapsed / 60:.1f} min")

@@ -26,7 +26,9 @@ def _last_line(text: str) -> str:
 class DriverHandle:
     """Runs ``python -m bench.peers.drivers PEER ...`` with the peer's interpreter."""
 
-    def __init__(self, spec: PeerSpec, python: str, redis_url: str, log_dir: Path) -> None:
+    def __init__(
+        self, spec: PeerSpec, python: str, redis_url: str, log_dir: Path, redis_pid: int = 0
+    ) -> None:
         self.spec = spec
         self.python = python
         self.log_dir = log_dir
@@ -36,6 +38,7 @@ class DriverHandle:
         self.env = {
             **os.environ,
             "BENCH_REDIS_URL": redis_url,
+            "BENCH_REDIS_PID": str(redis_pid or ""),  # drivers/base.py: server CPU per run
             "PYTHONPATH": os.pathsep.join(path),
             "PYTHONUNBUFFERED": "1",
             "PYTHONDONTWRITEBYTECODE": "1",

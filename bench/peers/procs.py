@@ -61,7 +61,7 @@ class WorkerGroup:
         Uses per-thread ``schedstat`` (nanoseconds) rather than ``stat``'s
         utime/stime, whose 10 ms ticks are too coarse for an idle worker.
         """
-        return sum(_process_cpu_seconds(pid) for pid in _session_pids(self.sessions))
+        return sum(process_cpu_seconds(pid) for pid in _session_pids(self.sessions))
 
 
 def start_workers(
@@ -96,7 +96,8 @@ def _stat_fields(pid: int) -> list[str] | None:
     return raw[raw.rindex(")") + 2 :].split()
 
 
-def _process_cpu_seconds(pid: int) -> float:
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of every thread of *pid*, in seconds; 0 if it is gone."""
     total_ns = 0
     try:
         tids = os.listdir(f"/proc/{pid}/task")

@@ -19,6 +19,8 @@ from typing import Any
 
 import redis
 
+from .procs import process_cpu_seconds
+
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 HOST = "127.0.0.1"
 
@@ -51,6 +53,21 @@ class RedisServer:
 
     def commands_processed(self) -> int:
         return int(self.info("stats")["total_commands_processed"])
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def cpu_seconds(self) -> float:
+        """The server's CPU time so far (user + system, every thread), from /proc."""
+        return process_cpu_seconds(self.proc.pid)
+
+    def poll_cpu_seconds(self, key: str, calls: int = 1000) -> float:
+        """Server CPU one ``GET key`` costs: subtracted for the harness's own polling."""
+        c0 = self.cpu_seconds()
+        for _ in range(calls):
+            self.client.get(key)
+        return max(0.0, self.cpu_seconds() - c0) / calls
 
     def flush(self) -> None:
         """Empty the DB (workers must be stopped first) and drop cached scripts."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import platform
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -82,20 +82,32 @@ def _cell(result: PeerResult, metric: Metric, short: bool) -> str:
     return "n/a" if short and text.startswith("n/a") else text
 
 
-def table_rows(results: Sequence[PeerResult], short: bool = True) -> list[list[str]]:
+class _Sizes(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        return "N"
+
+
+def metric_label(metric: Metric, sizes: Mapping[str, int]) -> str:
+    """The row label with workload sizes filled in (``{mem_jobs}`` -> ``10,000``)."""
+    return metric.label.format_map(_Sizes({k: f"{v:,}" for k, v in sizes.items()}))
+
+
+def table_rows(
+    results: Sequence[PeerResult], short: bool = True, sizes: Mapping[str, int] | None = None
+) -> list[list[str]]:
     """Header row then one row per metric; *short* drops n/a reasons."""
     header = ["metric", *(r.title for r in results), RATIO_HEADER, CEILING_RATIO_HEADER]
     rows = [header]
     for m in METRICS:
         arrow = "higher" if m.higher_is_better else "lower"
-        label = f"{m.label} ({m.unit}, {arrow} is better)"
+        label = f"{metric_label(m, sizes or {})} ({m.unit}, {arrow} is better)"
         cells = [_cell(r, m, short) for r in results]
         rows.append([label, *cells, ratio(m, results), ceiling_ratio(m, results)])
     return rows
 
 
-def print_table(results: Sequence[PeerResult]) -> None:
-    rows = table_rows(results)
+def print_table(results: Sequence[PeerResult], sizes: Mapping[str, int] | None = None) -> None:
+    rows = table_rows(results, sizes=sizes)
     try:
         from rich.console import Console
         from rich.table import Table
@@ -147,8 +159,10 @@ def write_markdown(
     python_version: str,
     options_text: str,
     elapsed_s: float,
+    sizes: Mapping[str, int] | None = None,
+    sections: Sequence[str] = (),
 ) -> None:
-    """Write RESULTS.md: machine, versions and configs, the table, and notes."""
+    """Write RESULTS.md: machine, versions and configs, the table, *sections*, and notes."""
     lines = [
         "# conveyor vs peers",
         "",
@@ -163,10 +177,11 @@ def write_markdown(
         "",
         "## Results",
         "",
-        _markdown_table(table_rows(results)),
+        _markdown_table(table_rows(results, sizes=sizes)),
         "",
         "`*` = drain hit its time cap; the figure is the rate reached until then.",
         "",
+        *sections,
         "## Peers and configurations",
         "",
     ]
@@ -175,7 +190,7 @@ def write_markdown(
         lines.append(f"- **{r.title}** {r.version}{status}")
         lines += [f"  - {c}" for c in r.config]
     missing = [
-        f"- {r.title}: {m.label}: {r.value(m.key).reason}"
+        f"- {r.title}: {metric_label(m, sizes or {})}: {r.value(m.key).reason}"
         for r in results
         if r.status == "ok"
         for m in METRICS
@@ -202,6 +217,12 @@ METHOD_NOTES = """## Method
 - The task body is one Redis `INCR` on a counter; completion is read from that counter
   by the harness, never from the peer. Async-first peers use an async redis-py client
   in the task; sync peers (and conveyor's sync task) a per-process `redis.Redis`.
+- The nearly free body (`BENCH_BODY=free` in the workers' environment, same task, same
+  queued jobs) only adds one to a process-local counter; a daemon thread per worker
+  process adds what accumulated to the Redis counter every 5 ms (one `INCRBY`), so
+  completions are still counted by the harness and arrive at most ~5 ms late. It is run
+  with the "best for 2 cores" configuration only (the "1 process" one would add about
+  as much time again to the run).
 - Enqueue: N jobs one call at a time (and in bulk calls of 100 where the peer has a
   bulk API), timed inside the driver after one warm-up call; median of the runs.
 - Drain: N jobs are enqueued through the peer's API once, the keyspace is snapshotted
@@ -224,5 +245,22 @@ METHOD_NOTES = """## Method
 - Idle: after the latency probes and a 2 s pause, `INFO stats` `total_commands_processed`
   deltas (minus the harness's own INFO calls; Lua scripts count every inner
   `redis.call`) and the CPU time of the worker's whole process tree from `/proc`.
-- Memory: `used_memory` delta after enqueueing N queued jobs, divided by N.
+- Memory: `used_memory` delta after enqueueing N queued jobs (through the peer's fastest
+  API, in calls of 1,000 where it has bulk), divided by N. Twice: at the drain test's
+  fill (10,000 jobs), and at `--mem-jobs` (default 1,000,000) on an emptied server:
+  conveyor always, a peer only if its fastest measured enqueue rate predicts the fill
+  within `--mem-budget` (30 s), which keeps the run short (Celery at ~2,000 jobs/s
+  would take over 8 minutes).
+- Redis CPU per job: the private server's own CPU time (user + system over all its
+  threads, from `/proc/<pid>/task/*/schedstat`, nanoseconds) across a phase, divided by
+  its jobs. Enqueue: around each timed run of N single enqueues (sync API where the peer
+  has one, else async), read by the driver just outside its timing; median of the runs.
+  Drain: over the same runs and the same stretch as the drain rate (first completion to
+  last, so worker start-up is left out), minus the harness's own counter polls (each
+  costed by timing 1,000 `GET`s at the start of the peer's run); median of the runs;
+  the "best for 2 cores" configuration. The standard body's `INCR` is part of the
+  drain figure (the same for every peer); the nearly free row shows the queue alone
+  (plus one `INCRBY` per process every 5 ms). "single enqueue plus drain" is the sum of
+  the first two. With no other client, the server's idle timer adds well under 1 µs per
+  job.
 """

@@ -25,6 +25,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("enq_abulk", "enqueue bulk (x100), async API", "jobs/s", True),
     Metric("drain_default", "drain, 1 process, defaults", "jobs/s", True),
     Metric("drain_best", "drain, best for 2 cores", "jobs/s", True),
+    Metric("drain_best_free", "drain, nearly free body, best for 2 cores", "jobs/s", True),
+    Metric("cpu_enq", "Redis CPU per job: single enqueue (sync API, else async)", "µs", False),
+    Metric("cpu_drain", "Redis CPU per job: drain, best for 2 cores", "µs", False),
+    Metric("cpu_total", "Redis CPU per job: single enqueue plus drain", "µs", False),
+    Metric("cpu_drain_free", "Redis CPU per job: drain, nearly free body", "µs", False),
     Metric("lat_p50", "enqueue-to-start latency p50", "ms", False),
     Metric("lat_p99", "enqueue-to-start latency p99", "ms", False),
     Metric("late_p50", "delayed job lateness p50", "ms", False),
@@ -32,8 +37,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("late_early", "delayed jobs started before due", "jobs, all runs", False, True),
     Metric("idle_cmds", "idle worker: Redis commands", "cmd/s", False),
     Metric("idle_cpu", "idle worker: CPU", "% core", False),
-    Metric("mem_per_job", "Redis memory per queued job", "bytes", False),
+    Metric("mem_per_job", "Redis memory per queued job, {mem_jobs} queued", "bytes", False),
+    Metric(
+        "mem_per_job_large", "Redis memory per queued job, {mem_jobs_large} queued", "bytes", False
+    ),
 )
+"""Labels may name a workload size as ``{field}`` of the run's options (see report.py)."""
 
 MODE_METRIC = {"sync": "enq_sync", "async": "enq_async", "bulk": "enq_bulk", "abulk": "enq_abulk"}
 

@@ -25,6 +25,9 @@ from .venvs import REPO_ROOT
 
 COUNTER_KEY = "bench:done"  # must match drivers/common.py
 LATENCY_KEY = "bench:latency"
+BODY_ENV = "BENCH_BODY"  # must match drivers/common.py
+BODIES = {"incr": "", "free": "_free"}
+"""Task bodies and their result-key suffix: one INCR per job, or nearly free."""
 DELAYED_KEYS = ("late_p50", "late_p99", "late_early")
 POLL_S = 0.005
 STARTUP_TIMEOUT_S = 60.0
@@ -42,6 +45,10 @@ class Options:
     runs: int = 3
     enqueue_jobs: int = 3_000
     mem_jobs: int = 10_000
+    mem_jobs_large: int = 1_000_000
+    """Queued jobs for the second memory figure: conveyor always, a peer only when
+    its fastest enqueue rate fills them within ``mem_large_budget_s``."""
+    mem_large_budget_s: float = 30.0
     latency_samples: int = 200
     latency_interval: float = 0.02
     idle_seconds: float = 10.0
@@ -55,7 +62,7 @@ class Options:
     delayed_max_s: float = 1.0
     delayed_cap_s: float = 10.0
     """A probe not started this long after the last one was due fails the step."""
-    peer_budget_s: float = 360.0
+    peer_budget_s: float = 480.0
 
     @classmethod
     def quick(cls, **overrides: Any) -> Options:
@@ -64,11 +71,12 @@ class Options:
             "runs": 1,
             "enqueue_jobs": 500,
             "mem_jobs": 2_000,
+            "mem_jobs_large": 20_000,
             "latency_samples": 50,
             "idle_seconds": 3.0,
             "delayed_jobs": 30,
             "drain_cap_s": 15.0,
-            "peer_budget_s": 120.0,
+            "peer_budget_s": 180.0,
         }
         base.update(overrides)
         return cls(**base)
@@ -94,6 +102,9 @@ class PeerBench:
         self.deadline = time.monotonic() + opts.peer_budget_s
         self.info: dict[str, Any] = {}
         self.info_overhead = self._calibrate_info()
+        self.poll_cpu_s = server.poll_cpu_seconds(COUNTER_KEY)
+        self.polls = 0
+        """GETs of the counter by :meth:`_wait_for`, whose server CPU a drain subtracts."""
 
     # ------------------------------------------------------------------ orchestration
     def run(self) -> PeerResult:
@@ -111,15 +122,31 @@ class PeerBench:
         self.result.config.append(prefix + str(delayed.get("api", "no delayed jobs")))
         self._step(list(MODE_METRIC.values()), self.enqueue_rates)
         snap = self._step(["mem_per_job"], self.fill_and_snapshot)
-        for profile in ("default", "best"):
-            key = f"drain_{profile}"
+        cpu_profile = "best" if "best" in profiles else "default"
+        drains = [("default", "incr"), ("best", "incr"), ("best", "free")]
+        for profile, body in drains:
+            key = f"drain_{profile}{BODIES[body]}"
+            keys = [key] + ([f"cpu_drain{BODIES[body]}"] if profile == cpu_profile else [])
             if snap is None:
-                self.result.values[key] = Value(reason="no filled queue")
+                for k in keys:
+                    self.result.values[k] = Value(reason="no filled queue")
             elif profile in profiles:
-                self._step([key], functools.partial(self.drain, profile, snap))
+                self._step(keys, functools.partial(self.drain, profile, snap, body))
+        del snap  # the large fill below reuses the server
+        self._step(["mem_per_job_large"], self.memory_large)
         self._step(["lat_p50", "lat_p99", "idle_cmds", "idle_cpu"], self.latency_and_idle)
         self._step(list(DELAYED_KEYS), self.delayed_lateness)
+        self._sum_cpu()
         return self.result
+
+    def _sum_cpu(self) -> None:
+        """Single enqueue plus drain: what one job costs the Redis server end to end."""
+        enq, drain = self.result.value("cpu_enq"), self.result.value("cpu_drain")
+        if enq.number is None or drain.number is None:
+            missing = "enqueue" if enq.number is None else "drain"
+            self.result.values["cpu_total"] = Value(reason=f"no {missing} figure")
+        else:
+            self.result.values["cpu_total"] = Value(enq.number + drain.number)
 
     def _step(self, keys: list[str], fn: Callable[[], Any]) -> Any:
         """Run *fn*; on failure mark *keys* with the reason and carry on."""
@@ -143,7 +170,7 @@ class PeerBench:
         n, runs = self.opts.enqueue_jobs, self.opts.runs
         self.server.flush()
         timeout = 60 + 0.05 * n * runs * len(modes)
-        secs = self.h.call(
+        out = self.h.call(
             "enqueue",
             "--modes",
             ",".join(modes),
@@ -154,12 +181,22 @@ class PeerBench:
             timeout=timeout,
         )
         for mode in modes:
-            rates = [n / s for s in secs[mode] if s > 0]
+            rates = [n / s for s in out[mode]["secs"] if s > 0]
             self.result.values[MODE_METRIC[mode]] = Value.median(rates)
             self.log(f"  [{self.h.spec.name}] enqueue {mode}: {statistics.median(rates):,.0f}/s")
         for mode, key in MODE_METRIC.items():
             if mode not in modes:
                 self.result.values[key] = Value(reason="no such API")
+        single = "sync" if "sync" in modes else "async" if "async" in modes else None
+        if single is None:
+            self.result.values["cpu_enq"] = Value(reason="no single enqueue API")
+            return
+        cpu = [1e6 * c / n for c in out[single]["server_cpu"]]
+        if not any(cpu):
+            raise StepError("no server CPU reading (BENCH_REDIS_PID unset?)")
+        self.result.values["cpu_enq"] = Value.median(cpu)
+        self.log(f"  [{self.h.spec.name}] Redis CPU, enqueue {single}: "
+                 f"{statistics.median(cpu):.1f} us/job")  # fmt: skip
 
     # ------------------------------------------------------------------ memory / fill
     def fill_and_snapshot(self) -> snapshot.Snapshot:
@@ -177,42 +214,79 @@ class PeerBench:
             raise StepError("jobs ran during fill (is a worker still alive?)")
         return snapshot.take(self.server.client)
 
-    def _fill(self, n: int) -> None:
-        self.h.call("fill", "--n", str(n), timeout=60 + n * 0.01)
+    def _fill(self, n: int, timeout: float | None = None) -> None:
+        self.h.call("fill", "--n", str(n), timeout=timeout or 60 + n * 0.01)
+
+    def memory_large(self) -> None:
+        """Memory per job at ``mem_jobs_large`` queued: conveyor always, peers if quick to fill.
+
+        The fill rate is predicted from the fastest enqueue figure measured above
+        (fill sends batches of 1000, so it is if anything faster than that).
+        """
+        n, budget = self.opts.mem_jobs_large, self.opts.mem_large_budget_s
+        rates = [v.number for k in MODE_METRIC.values() if (v := self.result.value(k)).number]
+        if self.h.spec.name != "conveyor":
+            if not rates:
+                raise StepError("no enqueue rate to predict the fill time")
+            predicted = n / max(rates)
+            if predicted > budget:
+                raise StepError(f"skipped: filling {n:,} would take ~{predicted:.0f} s")
+        self.server.flush()
+        before = self.server.used_memory()
+        self._fill(n, timeout=60 + 10 * budget)
+        per_job = (self.server.used_memory() - before) / n
+        self.result.values["mem_per_job_large"] = Value(per_job)
+        self.log(f"  [{self.h.spec.name}] memory at {n:,} queued: {per_job:,.0f} B/job")
 
     # ------------------------------------------------------------------ drain
-    def drain(self, profile: str, snap: snapshot.Snapshot) -> None:
+    def drain(self, profile: str, snap: snapshot.Snapshot, body: str = "incr") -> None:
         copies = int(self.info["profiles"][profile]["copies"])
         rates: list[float] = []
+        cpus: list[float] = []
         partial = False
         t0 = time.monotonic()
         for _ in range(self.opts.runs):
-            rate, partial = self._drain_once(profile, copies, snap)
+            rate, partial, cpu = self._drain_once(profile, copies, snap, body)
             rates.append(rate)
+            cpus.append(cpu)
             # A peer that hit the cap won't finish on the next run either; and a
             # slow peer gets fewer runs rather than stalling the whole benchmark.
             if partial or time.monotonic() - t0 > self.opts.drain_budget_s:
                 break
+        suffix = BODIES[body]
         value = Value.median(rates, partial=partial)
-        self.result.values[f"drain_{profile}"] = value
+        self.result.values[f"drain_{profile}{suffix}"] = value
+        if profile == ("best" if "best" in self.info["profiles"] else "default"):
+            # per completed job: a run cut by the cap still gives a fair figure
+            self.result.values[f"cpu_drain{suffix}"] = Value.median(cpus)
         self.log(
-            f"  [{self.h.spec.name}] drain {profile}: {value.number:,.0f}/s, {len(rates)} run(s)"
+            f"  [{self.h.spec.name}] drain {profile}, {body} body: {value.number:,.0f}/s, "
+            f"Redis CPU {statistics.median(cpus):.1f} us/job, {len(rates)} run(s)"
             + (" (partial: time cap)" if partial else "")
         )
 
-    def _drain_once(self, profile: str, copies: int, snap: snapshot.Snapshot) -> tuple[float, bool]:
-        """Rate from the first completion to the last (worker start-up excluded)."""
+    def _drain_once(
+        self, profile: str, copies: int, snap: snapshot.Snapshot, body: str
+    ) -> tuple[float, bool, float]:
+        """Rate from the first completion to the last (worker start-up excluded), whether
+        the cap cut the run, and the server's CPU per job over that same stretch, in
+        microseconds, less what the harness's own counter polls cost it.
+        """
         snapshot.restore(self.server.client, snap)
         target = self.opts.jobs
-        group = self._start(profile, copies, burst=True)
+        group = self._start(profile, copies, burst=True, body=body)
         try:
             t_first, c_first = self._wait_for(group, 1, STARTUP_TIMEOUT_S)
+            cpu_first, polls_first = self.server.cpu_seconds(), self.polls
             t_end, c_end = self._wait_for(group, target, self.opts.drain_cap_s, strict=False)
+            cpu = self.server.cpu_seconds() - cpu_first
+            cpu -= (self.polls - polls_first) * self.poll_cpu_s
         finally:
             group.stop()
         if c_end <= c_first or t_end <= t_first:
             raise StepError(f"no progress after the first job ({c_end}/{target})")
-        return (c_end - c_first) / (t_end - t_first), c_end < target
+        per_job_us = 1e6 * max(cpu, 0.0) / (c_end - c_first)
+        return (c_end - c_first) / (t_end - t_first), c_end < target, per_job_us
 
     # ------------------------------------------------------------------ latency / idle
     def latency_and_idle(self) -> None:
@@ -337,9 +411,10 @@ class PeerBench:
         b = self.server.commands_processed()
         return b - a
 
-    def _start(self, profile: str, copies: int, burst: bool) -> WorkerGroup:
+    def _start(self, profile: str, copies: int, burst: bool, body: str = "incr") -> WorkerGroup:
         argv = self.h.worker_argv(profile, burst)
-        return start_workers([argv] * copies, self.h.env, REPO_ROOT, self.h.worker_log)
+        env = {**self.h.env, BODY_ENV: body}
+        return start_workers([argv] * copies, env, REPO_ROOT, self.h.worker_log)
 
     def _wait_for(
         self, group: WorkerGroup, target: int, timeout: float, strict: bool = True
@@ -348,6 +423,7 @@ class PeerBench:
         deadline = time.monotonic() + timeout
         while True:
             count = self.server.counter(COUNTER_KEY)
+            self.polls += 1
             now = time.monotonic()
             if count >= target:
                 return now, count

@@ -8,10 +8,13 @@ by the same code.  Runs inside each peer's venv: stdlib + redis-py only.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
+
+from ..procs import process_cpu_seconds
 
 BULK_BATCH = 100
 """Jobs per bulk call when *measuring* bulk enqueue (same for every peer)."""
@@ -20,9 +23,18 @@ FILL_BATCH = 1000
 
 SYNC_MODES = ("sync", "bulk")
 
+SERVER_PID_ENV = "BENCH_REDIS_PID"
+"""The private redis-server's pid, so a timed run can read the server's CPU time."""
+
 GOLDEN = 0.6180339887498949
 """Spreads the delayed-job delays evenly over their range without a pattern that
 would make several jobs fall due at the same moment."""
+
+
+def server_cpu_seconds() -> float:
+    """CPU time the private redis-server has used so far (0 when its pid is unknown)."""
+    pid = os.environ.get(SERVER_PID_ENV)
+    return process_cpu_seconds(int(pid)) if pid else 0.0
 
 
 def delay_for(i: int, low: float, high: float) -> float:
@@ -120,13 +132,16 @@ class Driver:
             },
         }
 
-    def time_enqueue(self, mode: str, n: int, runs: int) -> list[float]:
-        """Seconds per run to enqueue *n* jobs in *mode*, after one warm-up call."""
+    def time_enqueue(self, mode: str, n: int, runs: int) -> dict[str, list[float]]:
+        """Per run: seconds to enqueue *n* jobs in *mode* (``secs``) and the Redis
+        server's CPU seconds meanwhile (``server_cpu``), after one warm-up call."""
         if mode in SYNC_MODES:
             self._setup_once()
             self._sync_send(mode, 1)  # warm-up: connect, load scripts
-            return [self._timed(lambda: self._sync_send(mode, n)) for _ in range(runs)]
-        return asyncio.run(self._atime_enqueue(mode, n, runs))
+            runs_out = [self._timed(lambda: self._sync_send(mode, n)) for _ in range(runs)]
+        else:
+            runs_out = asyncio.run(self._atime_enqueue(mode, n, runs))
+        return {"secs": [s for s, _ in runs_out], "server_cpu": [c for _, c in runs_out]}
 
     def fill(self, n: int) -> str:
         """Enqueue *n* jobs by the fastest available API; returns the mode used."""
@@ -193,10 +208,13 @@ class Driver:
             self._is_setup = True
 
     @staticmethod
-    def _timed(fn: Any) -> float:
+    def _timed(fn: Any) -> tuple[float, float]:
+        """(wall seconds, server CPU seconds) of ``fn()``; /proc is read outside the timing."""
+        c0 = server_cpu_seconds()
         t0 = time.perf_counter()
         fn()
-        return time.perf_counter() - t0
+        t1 = time.perf_counter()
+        return t1 - t0, server_cpu_seconds() - c0
 
     def _sync_send(self, mode: str, n: int, batch: int = BULK_BATCH) -> None:
         if mode == "sync":
@@ -221,14 +239,17 @@ class Driver:
         finally:
             await self.ateardown()
 
-    async def _atime_enqueue(self, mode: str, n: int, runs: int) -> list[float]:
-        async def body() -> list[float]:
+    async def _atime_enqueue(self, mode: str, n: int, runs: int) -> list[tuple[float, float]]:
+        async def body() -> list[tuple[float, float]]:
             await self._async_send(mode, 1)
             out = []
             for _ in range(runs):
+                c0 = server_cpu_seconds()
                 t0 = time.perf_counter()
                 await self._async_send(mode, n)
-                out.append(time.perf_counter() - t0)
+                t1 = time.perf_counter()
+                out.append((t1 - t0, server_cpu_seconds() - c0))
             return out
 
-        return await self._arun(body)
+        out: list[tuple[float, float]] = await self._arun(body)
+        return out

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import redis
 
 from .base import Driver, Profile
-from .common import COUNTER_KEY, QUEUE, record, redis_url
+from .common import COUNTER_KEY, FREE_BODY, QUEUE, bump, record, redis_url
 
 QUEUE_KEY = f"ceiling:{QUEUE}"
 PIPELINE = 100
@@ -100,6 +100,8 @@ class CeilingDriver(Driver):
             ts = json.loads(raw)["args"][0]
             if ts:
                 record(ts)  # latency probes keep their own timing
+            elif FREE_BODY:
+                bump()
             else:
                 pipe.incr(COUNTER_KEY)
             pipe.lrem(processing, 1, raw)

@@ -1,0 +1,133 @@
+"""The peer benchmark's own parts that its figures rest on: the nearly free task body
+(counts reach Redis, once each, from threads, forked children and burst workers that
+exit), the Redis server's CPU reading, and the rows the report prints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import redis
+
+from helpers import RedisServer, wait_until
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.peers.redis_server import private_redis
+from bench.peers.report import table_rows
+from bench.peers.results import PeerResult, Value
+
+ROOT = Path(__file__).resolve().parent.parent
+COUNTER = "bench:done"
+
+
+def _body(url: str, code: str) -> subprocess.Popen[str]:
+    """Run *code* in a fresh interpreter whose task body is the nearly free one."""
+    env = os.environ | {"BENCH_REDIS_URL": url, "BENCH_BODY": "free", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        stdin=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _count(client: redis.Redis) -> int:
+    raw = client.get(COUNTER)
+    return int(raw) if raw else 0
+
+
+def test_free_body_flushes_from_a_live_process_without_an_incr_per_job(
+    make_server: type[RedisServer],
+) -> None:
+    server = make_server().start()
+    client = server.client()
+    client.config_resetstat()
+    proc = _body(
+        server.url,
+        """
+        import sys, threading
+        from bench.peers.drivers.common import record
+        threads = [threading.Thread(target=lambda: [record() for _ in range(500)])
+                   for _ in range(4)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        sys.stdin.read()  # stay alive: only the flusher thread can deliver the count
+        """,
+    )
+    try:
+        wait_until(lambda: _count(client) == 2000, timeout=10, message="2000 counted")
+        stats = client.info("commandstats")
+        assert "cmdstat_incr" not in stats
+        assert int(stats["cmdstat_incrby"]["calls"]) < 2000
+    finally:
+        proc.communicate("", timeout=10)
+    assert proc.returncode == 0
+    assert _count(client) == 2000
+
+
+def test_free_body_counts_a_forked_child_once_and_flushes_at_exit(
+    make_server: type[RedisServer],
+) -> None:
+    server = make_server().start()
+    proc = _body(
+        server.url,
+        """
+        import os, sys
+        from bench.peers.drivers import common
+        for _ in range(5):
+            common.record()
+        pid = os.fork()
+        if pid == 0:  # the parent's pending 5 must not be counted again here
+            for _ in range(3):
+                common.record()
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        """,
+    )
+    proc.communicate("", timeout=30)
+    assert proc.returncode == 0
+    assert _count(server.client()) == 8
+
+
+def test_latency_probes_keep_the_full_body(make_server: type[RedisServer]) -> None:
+    server = make_server().start()
+    proc = _body(
+        server.url,
+        """
+        import time, os
+        from bench.peers.drivers.common import record
+        record(time.time())
+        os._exit(0)  # no atexit flush: the probe must already be in Redis
+        """,
+    )
+    proc.communicate("", timeout=30)
+    assert _count(server.client()) == 1
+    assert server.client().llen("bench:latency") == 1
+
+
+def test_server_cpu_grows_with_work_and_a_poll_costs_microseconds() -> None:
+    with private_redis() as server:
+        before = server.cpu_seconds()
+        per_get = server.poll_cpu_seconds(COUNTER, calls=2000)
+        assert server.cpu_seconds() > before
+        assert 0 < per_get < 0.001
+
+
+def test_report_rows_name_sizes_and_compare_cpu_lower_is_better() -> None:
+    def result(name: str, cpu: float) -> PeerResult:
+        r = PeerResult(name, name)
+        r.values = {"cpu_total": Value(cpu), "mem_per_job_large": Value(150.0)}
+        return r
+
+    rows = table_rows(
+        [result("huey", 30.0), result("rq", 60.0), result("conveyor", 24.0)],
+        sizes={"mem_jobs": 10_000, "mem_jobs_large": 1_000_000},
+    )
+    by_label = {row[0]: row for row in rows[1:]}
+    cpu = by_label["Redis CPU per job: single enqueue plus drain (µs, lower is better)"]
+    assert cpu[-2] == "0.80x (huey)"
+    assert "Redis memory per queued job, 1,000,000 queued (bytes, lower is better)" in by_label
+    assert "Redis memory per queued job, 10,000 queued (bytes, lower is better)" in by_label
