@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import conveyor
+from conveyor.sink import stream_events
 from helpers import RedisServer, env_with_src, free_port, running_worker, wait_until
 from monitor_app import make_app
 
@@ -22,6 +23,7 @@ CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
 def busy(redis_server: RedisServer, namespace: str) -> Iterator[conveyor.Conveyor]:
     """An app that has run some jobs: 20 naps and 2 dead, and has 5 naps waiting."""
     app = make_app(redis_server.url, namespace)
+    stream_events(app, "default")  # as if a sink had read the queue before
     jobs = app.tasks["nap"].enqueue_many([(0.01,)] * 20) + \
         app.tasks["doomed"].enqueue_many([(1,), (2,)])
     with running_worker(app, concurrency=8):

@@ -212,12 +212,13 @@ def test_every_tool_runs_against_the_cluster(capp: conveyor.Conveyor, cluster: R
 
     from conveyor.cli import main
     from conveyor.monitor.prometheus import RedisCollector
-    from conveyor.sink import Sink
+    from conveyor.sink import Sink, stream_events
     from conveyor.web import create_app
 
     queues = spread_queues(capp, cluster)
     tasks = []
     for queue in queues:
+        stream_events(capp, queue)  # as if the sink had read them before
         tasks.append(capp.task(name=f"ok_{queue}", queue=queue)(lambda n: n))
         capp.task(name=f"bad_{queue}", queue=queue, retries=0)(_fail)
     done = [t.enqueue(1) for t in tasks]

@@ -16,6 +16,7 @@ import pytest
 
 from apps.ledger import LEDGER_CLIENT_NAME, LedgerApp, build
 from apps.ledger_fleet import Fleet, WorkerProcess, kill_storm
+from conveyor.sink import stream_events
 from helpers import RedisServer, wait_until
 
 CONCURRENCY = 4
@@ -153,6 +154,7 @@ def test_long_job_keeps_its_lease_and_its_worker_stays_quiet(
 
 def test_paused_worker_late_acknowledgement_is_refused(
         ledger: LedgerApp, spawn: Callable[..., WorkerProcess]) -> None:
+    stream_events(ledger.app, ledger.hold.queue)  # successes are counted in the stream
     first = spawn("paused", concurrency=1).start()
     second = spawn("other", concurrency=1)
     try:

@@ -41,6 +41,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import conveyor
 from conveyor.scripts import calls
+from conveyor.sink import stream_events
 from conveyor.workflow.handover import drain_sync
 from helpers import RedisServer
 
@@ -96,6 +97,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert SERVER is not None
         self.app = conveyor.Conveyor(SERVER.url, namespace=f"m{uuid.uuid4().hex[:10]}")
         self.k = self.app.keys("q")
+        stream_events(self.app, "q")  # the events' trace ids are checked
         self.limits = calls.Limits(snooze_cap=SNOOZE_CAP)
         self.now = 1_800_000_000_000.0
         self.jobs: dict[str, Model] = {}

@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 import conveyor
+from conveyor.sink import stream_events
 from helpers import running_worker, wait_until
 
 
@@ -141,6 +142,7 @@ def test_periodic_missed_ticks_fire_once_after_an_outage(app: conveyor.Conveyor)
     def missed() -> None: ...
 
     k = app.keys("cron2")
+    stream_events(app, "cron2")
     server_now = app.redis.time()[0]
     app.redis.set(k.schedule_prefix + "missed", (server_now - 30) * 1000)  # down for 30 ticks
     with running_worker(app, queues=["cron2"], concurrency=1, burst=False):

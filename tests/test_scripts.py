@@ -7,6 +7,7 @@ import redis
 
 import conveyor
 from conveyor.scripts import calls
+from conveyor.sink import stream_events
 
 Q = "q"
 
@@ -141,6 +142,7 @@ def test_lost_lease_on_last_attempt_goes_dead(app: conveyor.Conveyor) -> None:
 
 
 def test_finish_retry_then_dead(app: conveyor.Conveyor) -> None:
+    stream_events(app, Q)
     enqueue(app, new("a", max_attempts=2), now=0)
     job = fetch(app, now=0).jobs[0]
     done = finish(app, calls.Outcome("a", job.token, "retry", 0.0, "boom", 500), now=10)
@@ -259,6 +261,7 @@ def test_trace_id_is_stored_only_when_given_and_validated(app: conveyor.Conveyor
 def test_every_finished_event_carries_the_trace_id(app: conveyor.Conveyor) -> None:
     # finish: succeeded, and dead after its last attempt failed (the trace of the enqueue
     # is the job's, whatever attempt ends it); plain jobs' events have no trace field.
+    stream_events(app, Q)
     enqueue(app, new("ok", trace=TRACE), new("fails", trace=TRACE, max_attempts=1),
             new("plain"), now=0)
     leased = {j.short_id: j for j in fetch(app, now=0).jobs}

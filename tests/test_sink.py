@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 import conveyor
 from conveyor.scripts import calls
-from conveyor.sink import Sink, schema
+from conveyor.sink import Sink, schema, stream_events
 from conveyor.sink.report import parse_since, report
 from conveyor.sink.schema import jobs_table, row_from_event
 from helpers import running_worker, wait_until
@@ -91,6 +91,8 @@ def table_name() -> str:
 
 def make_tasks(app: conveyor.Conveyor) -> dict[str, conveyor.Task]:  # type: ignore[type-arg]
     failed_once: set[int] = set()
+    for queue in ("default", "other"):  # a sink has read them before: their events are on
+        stream_events(app, queue)
 
     @app.task(name="ok")
     def ok(n: int) -> int:
@@ -255,6 +257,7 @@ def test_a_table_made_before_trace_ids_gets_the_column(
                                        "state": "succeeded"}])
     trace_id = "0af7651916cd43dd8448eb211c80319c"
     k = app.keys("default")
+    stream_events(app, "default")  # a sink of the old version read the queue
     spec = calls.JobSpec(task="t", trace=trace_id)
     app.scripts.run(calls.enqueue(k, spec, [("new", b"[[]]")], app.limits))
     leased = app.scripts.run(calls.fetch(k, 1, app.limits)).jobs[0]
@@ -307,3 +310,25 @@ def test_two_sinks_upgrading_at_once_do_not_fail(
     finally:
         first.close()
         engine.dispose()
+
+
+def test_a_queue_no_sink_has_read_writes_no_events_and_one_that_was_read_writes_all(
+    app: conveyor.Conveyor, tmp_path: Path, table_name: str
+) -> None:
+    @app.task(name="quiet", queue="unread")
+    def quiet(n: int) -> int:
+        return n
+
+    k = app.keys("unread")
+    before = quiet.enqueue_many([(n,) for n in range(5)])
+    run_jobs(app, before)
+    assert app.redis.xlen(k.events) == 0 and not app.redis.exists(k.events_on)
+    sink = Sink(app, f"sqlite:///{tmp_path / 'jobs.db'}", table=table_name, queues=["unread"])
+    assert sink.run(until_idle=True) == 0
+    assert app.redis.exists(k.events_on)  # the sink's first read turned the stream on
+    after = quiet.enqueue_many([(n,) for n in range(7)])
+    run_jobs(app, after)
+    assert sink.run(until_idle=True) == 7
+    rows = count_rows(sink.engine, table_name)
+    assert rows == (7, 7)
+    sink.close()

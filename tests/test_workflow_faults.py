@@ -15,6 +15,7 @@ import conveyor
 from apps.ledger import OTHER_QUEUES, QUEUE, LedgerApp, build
 from apps.ledger_fleet import Fleet, kill_storm
 from conveyor.scripts import calls
+from conveyor.sink import stream_events
 from conveyor.workflow.handover import drain_sync
 from helpers import RedisServer, running_worker, wait_until
 from injection import ERRORS, FaultPlan
@@ -62,6 +63,8 @@ def fan_out_fan_in(ledger: LedgerApp, n: int, spread: bool = False
 def test_fan_out_fan_in_under_a_kill_storm(
     ledger: LedgerApp, fleet_of: Callable[..., Fleet], spread: bool
 ) -> None:
+    for queue in (QUEUE, *OTHER_QUEUES):  # successes are counted in the events streams
+        stream_events(ledger.app, queue)
     handle = fan_out_fan_in(ledger, FANOUT, spread)
     fleet = fleet_of(2)
 

@@ -37,6 +37,7 @@ class QueueKeys:
     seq: str  # counter for fencing tokens
     dedupe_prefix: str  # + user key -> short id of the unfinished job holding the key
     events: str  # capped stream of finished jobs, read by the analytics sink
+    events_on: str  # exists once a sink has read the queue: only then are events written
     paused: str  # exists while the queue is paused
     metrics_prefix: str  # + bucket start (s) -> hash of counters and histograms
     schedule_prefix: str  # + periodic name -> last fired tick (periodic jobs)
@@ -100,6 +101,8 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
         seq=f"{tag}:seq",
         dedupe_prefix=f"{tag}:key:",
         events=f"{tag}:events",
+        # include/finish.lua (streaming) derives this name from events: keep them in step.
+        events_on=f"{tag}:events:on",
         paused=f"{tag}:paused",
         metrics_prefix=f"{tag}:m:",
         schedule_prefix=f"{tag}:schedule:",

@@ -17,6 +17,7 @@ import redis
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..sink import stream_events
 from . import gather
 from .faults import Fault, Injector, JobsRedis
 from .fleet import Fleet, Slot
@@ -88,6 +89,7 @@ class ChaosRun:
                                f"chaos-{self.seed}", ledger.url)
             tasks.app.queue(QUEUE).set_limits(concurrency=self.profile.queue_cap,
                                               tenant_concurrency=self.profile.tenant_cap)
+            stream_events(tasks.app, QUEUE)  # the invariants count successes in the stream
             fleet = self._fleet(target.url, ledger, proxy)
             began = time.monotonic()
             producer = self._drive(target, fleet, tasks, proxy)

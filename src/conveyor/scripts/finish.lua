@@ -71,7 +71,7 @@ for i = 0, n - 1 do
   local started_at, payload = ARGV[base + 3], ARGV[base + 4]
   local key = job_prefix .. id
   local f = redis.call('HMGET', key, 's', 'token', 't', 'attempts', 'm', 'key', 'e',
-    'run_at', 'tenant', 'p', 'cancel', 'snoozes', 'tr')
+    'run_at', 'tenant', 'p', 'cancel', 'snoozes', 'tr', 'wf')
   if f[1] ~= 'active' or f[2] ~= token then
     codes[#codes + 1] = 0
   else
@@ -116,7 +116,7 @@ for i = 0, n - 1 do
     if job.state ~= nil then
       free_dedupe_key(dedupe_prefix, f[6], id)
       emit_event(events, events_maxlen, id, job)
-      handed = handed + hand_over(job_prefix, id, now)
+      handed = handed + hand_over(job_prefix, id, now, f[14] ~= false)
     end
   end
 end

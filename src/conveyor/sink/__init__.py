@@ -1,7 +1,9 @@
 """The analytics sink: finished jobs stream out of Redis into SQL.
 
-Every job that finishes (succeeded or dead) is appended by the Lua scripts to its queue's capped
-``events`` stream. :class:`Sink` reads those streams with a consumer group, writes the
+Every job that finishes (succeeded, dead or cancelled) is appended by the Lua scripts to
+its queue's capped ``events`` stream, once a sink has read that queue (the first read
+turns the stream on, :func:`stream_events`; a deployment that runs no sink writes no
+events). :class:`Sink` reads those streams with a consumer group, writes the
 rows in batches through SQLAlchemy Core (an SQLite file by default, PostgreSQL or any
 other database by URL) and acknowledges the events only after the commit. So:
 
@@ -41,7 +43,7 @@ from .schema import (
     row_from_event,
 )
 
-__all__ = ["DEFAULT_DB", "DEFAULT_TABLE", "Sink"]
+__all__ = ["DEFAULT_DB", "DEFAULT_TABLE", "Sink", "stream_events"]
 
 log = logging.getLogger("conveyor.sink")
 DEFAULT_DB = "sqlite:///conveyor-jobs.db"
@@ -50,6 +52,13 @@ RETRY_MAX = 30.0
 DB_ERRORS = (sqlalchemy.exc.DBAPIError, sqlalchemy.exc.OperationalError, OSError)
 REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 Entries = list[tuple[bytes, dict[bytes, bytes] | None]]
+
+
+def stream_events(app: Conveyor, queue: str) -> None:
+    """Turn on ``queue``'s events stream: from now on every job of it that finishes is
+    written there. A queue writes no events until a sink (or this call) turns them on, so
+    a deployment without a sink pays nothing for it; once on, they stay on."""
+    app.redis.set(app.keys(queue).events_on, "1")
 
 
 def make_engine(url: str) -> sa.Engine:
@@ -119,8 +128,10 @@ class Sink:
         for queue in queues:
             if queue in self._grouped:
                 continue
+            stream_events(self.app, queue)
             try:
-                # From the stream's start: events written before the sink first ran count too.
+                # From the stream's start: events written before the group existed (by
+                # another sink's run, say) count too.
                 self.app.redis.xgroup_create(self.app.keys(queue).events, self.group, id="0",
                                              mkstream=True)
             except redis.exceptions.ResponseError as exc:

@@ -17,8 +17,23 @@ local function free_dedupe_key(dedupe_prefix, key, short_id)
   end
 end
 
+-- A queue streams its finished jobs only once a sink has read it: the sink sets the key
+-- `<events>:on` (conveyor.keys.QueueKeys.events_on formats the same name; a test keeps
+-- the two in step). Without a sink, a finished job costs no stream entry. Looked up once
+-- per script call.
+local streaming_known = {}
+local function streaming(events)
+  local on = streaming_known[events]
+  if on == nil then
+    on = redis.call('EXISTS', events .. ':on') == 1
+    streaming_known[events] = on
+  end
+  return on
+end
+
 -- Fields that would be empty (no tenant, default priority, no error, no trace) are left out.
 local function emit_event(events, maxlen, short_id, job)
+  if not streaming(events) then return end
   local fields = { 'XADD', events, 'MAXLEN', '~', maxlen, '*',
     'id', short_id, 'task', job.task, 'state', job.state, 'attempts', job.attempts,
     'enqueued_at', job.enqueued_at or '', 'run_at', job.run_at or job.enqueued_at or '',
@@ -68,8 +83,13 @@ end
 -- missed. The entry is "<short id> <now>": a node that ends again (requeued from the dead
 -- letters) gets an entry of its own, which a drainer removing the first cannot take away.
 -- Returns 1 if the job is a workflow node, else 0.
-local function hand_over(job_prefix, short_id, now)
-  if redis.call('HEXISTS', job_prefix .. short_id, 'wf') == 0 then return 0 end
+-- `workflow`, when given, is the record's 'wf' field as the caller already read it (nil or
+-- false: no workflow node); otherwise it is looked up.
+local function hand_over(job_prefix, short_id, now, workflow)
+  if workflow == nil then
+    workflow = redis.call('HEXISTS', job_prefix .. short_id, 'wf') == 1
+  end
+  if not workflow then return 0 end
   redis.call('RPUSH', handover_key(job_prefix), short_id .. ' ' .. string.format('%.3f', now))
   return 1
 end

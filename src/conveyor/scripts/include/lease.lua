@@ -16,7 +16,7 @@ end
 local function lease_taker(k, cfg, tally, out, now, want, nonce, acc)
   return function(id)
     local key = k.job_prefix .. id
-    local r = read_record(key)
+    local r = read_record(key, true)
     -- A cancelled job's record starts to expire now that no list names it (see cancel.lua).
     if r.state == 'cancelled' then
       redis.call('EXPIRE', key, tonumber(redis.call('HGET', key, 'keep')) or 86400)
@@ -34,7 +34,6 @@ local function lease_taker(k, cfg, tally, out, now, want, nonce, acc)
       acc.tokens_left = want
     end
     acc.token_base, acc.tokens_left = acc.token_base + 1, acc.tokens_left - 1
-    local f = redis.call('HMGET', key, 'a', 'm', 'e', 'run_at')
     local attempts = (tonumber(r.attempts) or 0) + 1
     local token = string.format('%d', acc.token_base) .. '.' .. nonce
     local vt = tonumber(r.vt) or DEFAULT_VT
@@ -45,9 +44,9 @@ local function lease_taker(k, cfg, tally, out, now, want, nonce, acc)
     local tenant = r.tenant or ''
     if tenant ~= '' then acc.by_tenant[tenant] = (acc.by_tenant[tenant] or 0) + 1 end
     local jobs, n = acc.jobs, #acc.jobs
-    jobs[n + 1], jobs[n + 2], jobs[n + 3], jobs[n + 4] = id, token, r.task, f[1] or ''
-    jobs[n + 5], jobs[n + 6], jobs[n + 7] = attempts, f[2] or DEFAULT_MAX_ATTEMPTS, f[3] or ''
-    jobs[n + 8], jobs[n + 9] = f[4] or '', vt
+    jobs[n + 1], jobs[n + 2], jobs[n + 3], jobs[n + 4] = id, token, r.task, r.args or ''
+    jobs[n + 5], jobs[n + 6] = attempts, r.max_attempts or DEFAULT_MAX_ATTEMPTS
+    jobs[n + 7], jobs[n + 8], jobs[n + 9] = r.enqueued_ms or '', r.run_at or '', vt
     return true
   end
 end

@@ -20,13 +20,24 @@ local function histogram_bin(duration_s)
   return math.floor(math.log(us) / LOG_GROWTH) + 1
 end
 
+-- A tally keeps, per task, its counters and the two histograms' bins as numbers; field
+-- names are joined only when the tally is written (once per field per call), not per job.
 local function new_tally()
-  return { counts = {}, sums = {} }
+  return { counts = {}, waits = {}, runs = {}, sums = {} }
+end
+
+local function of_task(t, task)
+  local x = t[task]
+  if not x then
+    x = {}
+    t[task] = x
+  end
+  return x
 end
 
 local function count(tally, task, what, by)
-  local field = task .. '|' .. what
-  tally.counts[field] = (tally.counts[field] or 0) + by
+  local c = of_task(tally.counts, task)
+  c[what] = (c[what] or 0) + by
 end
 
 -- A time computed from a record edited by hand can be NaN or infinite ('nan' and 'inf'
@@ -39,21 +50,34 @@ local function observe(tally, task, wait_s, run_s)
   if not (finite(wait_s) and finite(run_s)) then return end
   if wait_s < 0 then wait_s = 0 end
   if run_s < 0 then run_s = 0 end
-  count(tally, task, 'w|' .. histogram_bin(wait_s), 1)
-  count(tally, task, 'r|' .. histogram_bin(run_s), 1)
-  tally.sums[task .. '|wsum'] = (tally.sums[task .. '|wsum'] or 0) + wait_s
-  tally.sums[task .. '|rsum'] = (tally.sums[task .. '|rsum'] or 0) + run_s
+  local w, r = of_task(tally.waits, task), of_task(tally.runs, task)
+  local wb, rb = histogram_bin(wait_s), histogram_bin(run_s)
+  w[wb] = (w[wb] or 0) + 1
+  r[rb] = (r[rb] or 0) + 1
+  local sums = of_task(tally.sums, task)
+  sums.w = (sums.w or 0) + wait_s
+  sums.r = (sums.r or 0) + run_s
 end
 
 -- The bucket gets its lifetime from the call that creates one of its fields (the first
 -- write to a bucket always does), so most calls skip the EXPIRE.
 local function write_tally(tally, bucket, ttl)
   local created = false
-  for field, by in pairs(tally.counts) do
+  local function add(field, by)
     if redis.call('HINCRBY', bucket, field, by) == by then created = true end
   end
-  for field, by in pairs(tally.sums) do
-    redis.call('HINCRBYFLOAT', bucket, field, string.format('%.6f', by))
+  for task, c in pairs(tally.counts) do
+    for what, by in pairs(c) do add(task .. '|' .. what, by) end
+  end
+  for task, bins in pairs(tally.waits) do
+    for bin, by in pairs(bins) do add(task .. '|w|' .. bin, by) end
+  end
+  for task, bins in pairs(tally.runs) do
+    for bin, by in pairs(bins) do add(task .. '|r|' .. bin, by) end
+  end
+  for task, sums in pairs(tally.sums) do
+    redis.call('HINCRBYFLOAT', bucket, task .. '|wsum', string.format('%.6f', sums.w))
+    redis.call('HINCRBYFLOAT', bucket, task .. '|rsum', string.format('%.6f', sums.r))
   end
   if created then redis.call('EXPIRE', bucket, ttl) end
 end

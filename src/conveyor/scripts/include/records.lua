@@ -46,11 +46,19 @@ local function listed_record_problem(key, r)
   return record_problem(r)
 end
 
--- Reads the fields record_problem checks (plus what a dead letter needs) as a table.
-local function read_record(key)
-  local f = redis.call('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'key', 'e',
-    'run_at', 'started_at', 'cancel', 'cancel_ttl', 'tr')
-  return { state = f[1] or nil, priority = f[2] or nil, attempts = f[3] or nil,
+-- Reads the fields record_problem checks (plus what a dead letter needs) as a table; with
+-- `with_args`, the arguments too (for a lease: one read of the record in all).
+local function read_record(key, with_args)
+  local f
+  if with_args then
+    f = redis.call('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'key', 'e',
+      'run_at', 'started_at', 'cancel', 'cancel_ttl', 'tr', 'a')
+  else
+    f = redis.call('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'key', 'e',
+      'run_at', 'started_at', 'cancel', 'cancel_ttl', 'tr')
+  end
+  return { args = f[15] or nil, enqueued_ms = f[9] or nil,
+    state = f[1] or nil, priority = f[2] or nil, attempts = f[3] or nil,
     max_attempts = f[4] or nil, vt = f[5] or nil, task = f[6] or '', tenant = f[7] or nil,
     key = f[8] or nil, enqueued_at = ms_as_seconds(f[9]), run_at = f[10] or nil,
     started_at = f[11] or nil, cancel = f[12] or nil, cancel_ttl = f[13] or nil,
