@@ -127,3 +127,17 @@ def test_a_server_without_the_scripts_costs_one_more_round_trip_and_loses_nothin
 
     asyncio.run(again())
     assert conveyor.Monitor(app).backlog("fresh").ready == (4001 if many else 2) + 4
+
+
+def test_a_call_is_encoded_as_redis_py_encodes_it_also_from_the_kept_head() -> None:
+    from conveyor.scripts import ScriptCall, _Packer
+
+    packer, reference = _Packer(), redis.Connection()
+    keys = ("{ns:q}:j:", "{ns:q}:ready:")
+    for tail in ([b"id-1", b"\xff\x00payload"], ["id-2", "ünïcode"], [7, 2.5]):
+        call: ScriptCall[Any] = ScriptCall("enqueue", keys, ("", 10, 1.25, "task", *tail),
+                                           fixed=4)
+        expected = b"".join(reference.pack_command("EVALSHA", "abc123", len(keys), *keys,
+                                                   *call.args))
+        assert packer.pack(call, "abc123") == expected
+    assert len(packer._heads) == 1  # one head, kept for the three calls

@@ -114,6 +114,42 @@ def _identity(reply: Any) -> Any:
     return reply
 
 
+class _Packer:
+    """Encodes script calls for the wire, keeping the encoded EVALSHA, SHA, KEYS and fixed
+    arguments of recent calls: a call repeating them encodes only what it carries."""
+
+    LIMIT = 1024  # encoded heads kept; then they are forgotten and made again
+
+    def __init__(self) -> None:
+        self._heads: dict[tuple[Any, ...], bytes] = {}
+
+    def pack(self, call: ScriptCall[Any], sha: str) -> bytes:
+        fixed = call.fixed
+        head_key = (sha, call.keys, *call.args[:fixed])
+        head = self._heads.get(head_key)
+        if head is None:
+            if len(self._heads) >= self.LIMIT:
+                self._heads.clear()
+            head = b"".join(_bulk(part) for part in ("EVALSHA", sha, len(call.keys),
+                                                     *call.keys, *call.args[:fixed]))
+            self._heads[head_key] = head
+        count = 3 + len(call.keys) + len(call.args)
+        return b"".join((b"*%d\r\n" % count, head, *map(_bulk, call.args[fixed:])))
+
+
+def _bulk(value: Arg) -> bytes:
+    """One RESP bulk string, encoded as redis-py encodes arguments."""
+    if isinstance(value, bytes):
+        data = value
+    elif isinstance(value, str):
+        data = value.encode()
+    elif isinstance(value, int):
+        data = b"%d" % value
+    else:
+        data = repr(value).encode()
+    return b"$%d\r\n%b\r\n" % (len(data), data)
+
+
 def _unloaded(calls: Sequence[ScriptCall[Any]], replies: Sequence[Any], skip: int
               ) -> list[int]:
     """Indexes of the calls whose reply (after ``skip`` other replies) says the server did
@@ -133,6 +169,9 @@ class ScriptCall(Generic[T]):
     keys: Sequence[str]
     args: Sequence[Arg]
     parse: Callable[[Any], T] = field(default=_identity)
+    #: how many leading ``args`` are the script's fixed arguments: they repeat from call to
+    #: call (same task, same options), so their encoding is made once and reused
+    fixed: int = 0
 
 
 class ScriptRunner:
@@ -146,6 +185,7 @@ class ScriptRunner:
 
     def __init__(self, client: Any) -> None:
         self._client = client
+        self._packer = _Packer()
         self._scripts = {name: Script(client, source(name)) for name in SCRIPT_NAMES}
         #: whether :meth:`queue` may add calls to this client's pipelines
         self.pipelined = not isinstance(client, RedisCluster)
@@ -169,8 +209,7 @@ class ScriptRunner:
         conn = pool.get_connection()
         try:
             def once() -> Any:
-                conn.send_command("EVALSHA", script.sha, len(call.keys), *call.keys,
-                                  *call.args)
+                conn.send_packed_command([self._packer.pack(call, script.sha)])
                 return conn.read_response()
 
             try:
@@ -223,6 +262,7 @@ class AsyncScriptRunner:
 
     def __init__(self, client: AsyncRedis) -> None:
         self._client = client
+        self._packer = _Packer()
         self._scripts = {name: AsyncScript(client, source(name)) for name in SCRIPT_NAMES}
         #: whether :meth:`send_all` may pipeline (a cluster's pipelines refuse scripts)
         self.pipelined = hasattr(client, "connection_pool")
@@ -242,8 +282,7 @@ class AsyncScriptRunner:
         conn = await pool.get_connection()
         try:
             async def once() -> Any:
-                await conn.send_command("EVALSHA", script.sha, len(call.keys), *call.keys,
-                                        *call.args)
+                await conn.send_packed_command([self._packer.pack(call, script.sha)])
                 return await conn.read_response()
 
             async def drop(_error: BaseException) -> None:

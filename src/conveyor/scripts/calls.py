@@ -196,8 +196,8 @@ def _call(name: str, k: QueueKeys, fixed: tuple[Any, ...], rest: Sequence[Arg] =
     keys = _keys(name, k)
     args: Sequence[Arg] = (*fixed, *rest) if rest else fixed
     if parse is None:
-        return ScriptCall(name, keys, args)
-    return ScriptCall(name, keys, args, parse)
+        return ScriptCall(name, keys, args, fixed=len(fixed))
+    return ScriptCall(name, keys, args, parse, len(fixed))
 
 
 def _nonce() -> str:
