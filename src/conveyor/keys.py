@@ -38,7 +38,7 @@ class QueueKeys:
     dedupe_prefix: str  # + user key -> short id of the unfinished job holding the key
     events: str  # capped stream of finished jobs, read by the analytics sink
     paused: str  # exists while the queue is paused
-    metrics_prefix: str  # + bucket start (s) -> hash of counters and histograms
+    metrics_prefix: str  # + bucket start (s) -> zset of counters and histograms (score: value)
     schedule_prefix: str  # + periodic name -> last fired tick (periodic jobs)
     cancelling: str  # zset short id -> when a cancel of the running job was asked (ms)
     handover: str  # list of short ids of workflow nodes that ended, children not yet told
@@ -101,7 +101,9 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
         dedupe_prefix=f"{tag}:key:",
         events=f"{tag}:events",
         paused=f"{tag}:paused",
-        metrics_prefix=f"{tag}:m:",
+        # A sorted set since buckets are summed by ZUNION; named apart from the hashes that
+        # older versions wrote, so a mixed deploy never meets a key of the wrong type.
+        metrics_prefix=f"{tag}:mz:",
         schedule_prefix=f"{tag}:schedule:",
         cancelling=f"{tag}:cancelling",
         # Scripts that end jobs derive this name from the hash tag of their job_prefix

@@ -157,7 +157,7 @@ class Monitor:
         now = server_now(self.app.redis)
         width = self.app.limits.bucket_seconds
         starts = bucket_starts(now, window, width)
-        by_queue = {q: read_windows(self.app.redis, self.app.keys(q), starts) for q in queues}
+        by_queue = read_windows(self.app.redis, {q: self.app.keys(q) for q in queues}, starts)
         return now, now - starts[0], by_queue
 
     def stats(self, task: str | None = None, queue: str | None = None,

@@ -68,7 +68,7 @@ def overview(app: Conveyor) -> dict[str, Any]:
                      "throughput": q.stats.throughput, "wait_p95": q.stats.wait.p95,
                      "advice": advice_plain(q.advice),
                      "spark": {"t": spark["t"], "processed": spark["processed"],
-                               "wait_p95": spark["wait_p95"]}})
+                               "wait_p95": spark["wait_p95"], "read": q.spark_read}})
     names = [q.name for q in seen.queues]
     return {"time": seen.now, "queues": rows,
             "tasks": queries.activity_rows(app, names, seen.active, seen.idle, seen.now),

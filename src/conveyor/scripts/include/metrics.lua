@@ -1,6 +1,7 @@
--- Time-bucketed counters and log-scale histograms per task type. A bucket is a hash
--- `<metrics_prefix><bucket start s>` that expires, so memory does not grow with jobs.
--- Fields: '<task>|<counter>', '<task>|wsum' / '<task>|rsum' (seconds), and
+-- Time-bucketed counters and log-scale histograms per task type. A bucket is a sorted
+-- set `<metrics_prefix><bucket start s>` that expires, so memory does not grow with jobs;
+-- each member's score is its value, so a reader sums a whole window of buckets in one
+-- ZUNION. Members: '<task>|<counter>', '<task>|wsum' / '<task>|rsum' (seconds), and
 -- '<task>|w|<bin>' / '<task>|r|<bin>' histograms of wait and run time.
 -- A script tallies in a Lua table and writes each field once per call, so a batch of
 -- outcomes costs a few commands, not a few per job.
@@ -50,10 +51,10 @@ end
 local function write_tally(tally, bucket, ttl)
   local created = false
   for field, by in pairs(tally.counts) do
-    if redis.call('HINCRBY', bucket, field, by) == by then created = true end
+    if tonumber(redis.call('ZINCRBY', bucket, by, field)) == by then created = true end
   end
   for field, by in pairs(tally.sums) do
-    redis.call('HINCRBYFLOAT', bucket, field, string.format('%.6f', by))
+    redis.call('ZINCRBY', bucket, string.format('%.6f', by), field)
   end
   if created then redis.call('EXPIRE', bucket, ttl) end
 end
