@@ -2,9 +2,10 @@
 per queue, the first poll included, and a cache of closed buckets.
 
 Per queue a poll reads the backlog (4 commands), whether the queue has limits or a pause
-(1), its active and idle hashes (2) and its stats window; plus, for all queues, the clock
-and (every :data:`INDEX_SECONDS`, and at the first poll) one ``ZUNION`` that lists both
-the known queues and the worker registry (a new queue shows from the next poll; the hash
+(1), its active and idle hashes (2) and its stats window; plus, for all queues, the
+server's clock every :data:`CLOCK_SECONDS` (in a round trip of its own) and, every
+:data:`INDEX_SECONDS` and at the first poll, one ``ZUNION`` that lists both the known
+queues and the worker registry (a new queue shows from the next poll; the hash
 of a worker is read once, when it is first listed: the overview uses only its fixed
 fields).
 
@@ -56,8 +57,10 @@ from .stats import (
 if TYPE_CHECKING:
     from ..app import Conveyor
 
-GRACE = 0.0  # seconds after its end a bucket is still read again (the scripts' clock is
-# the server's: a bucket read when the server's clock is past its end is final)
+GRACE = 1.0  # seconds after its end a bucket is still read again (the scripts' clock is
+# the server's: a bucket read when the server's clock is past its end is final; the
+# margin covers the reader's estimate of that clock between two readings)
+CLOCK_SECONDS = 10.0  # the server's clock is read again after this long
 PER_QUEUE = 7  # commands per queue before its metrics
 INDEX_SECONDS = 2.0  # the set of known queues and the registry's listing are read again
 BUDGET = 10  # after this long, in a poll whose commands stay within this many per queue
@@ -103,6 +106,8 @@ class BucketCache:
         self.listing: list[tuple[bytes, float]] = []  # registry: (worker id, beat ms)
         self.index_at: float | None = None  # when both were read (monotonic)
         self.refreshed_last = False  # the last poll spent its spare on the index
+        self.server = server_clock.ServerClock()  # the server's clock, counted on locally
+        self.synced: float | None = None  # when it was last read (monotonic)
         self.lock = threading.Lock()
 
     # -- the indexes that span queues -------------------------------------------------
@@ -142,27 +147,33 @@ class BucketCache:
 
     def clock(self, app: Conveyor) -> tuple[float, list[str], int]:
         """The server's clock, the known queues (the set as last read, with the app's own
-        queues always) and the commands sent: one round trip, which also reads the
-        indexes the first time."""
+        queues always) and the commands sent. The clock is read (one round trip, which
+        also reads the indexes the first time) every :data:`CLOCK_SECONDS`; in between
+        it is the last reading plus the time elapsed here, which drifts by microseconds
+        (closed buckets are kept only :data:`GRACE` seconds after their end)."""
         first = self.queues is None
-        if isinstance(app.redis, redis.RedisCluster):  # its pipelines refuse keyless TIME
-            now = server_clock.server_now(app.redis)
-            if first:
-                with cast(Any, app.redis).pipeline(transaction=False) as pipe:
-                    self.queue_index(pipe, app)
-                    self.take_index(app, iter(pipe.execute()))
-        else:
-            with app.redis.pipeline(transaction=False) as pipe:
-                server_clock.ask(pipe)
+        sent = 0
+        if first or self.synced is None or time.monotonic() - self.synced >= CLOCK_SECONDS:
+            sent = 1 + (self.index_cost(app) if first else 0)
+            if isinstance(app.redis, redis.RedisCluster):  # its pipelines refuse keyless TIME
+                now = server_clock.server_now(app.redis)
                 if first:
-                    self.queue_index(pipe, app)
-                replies = iter(pipe.execute())
-            now = server_clock.from_reply(next(replies))
-            if first:
-                self.take_index(app, replies)
+                    with cast(Any, app.redis).pipeline(transaction=False) as pipe:
+                        self.queue_index(pipe, app)
+                        self.take_index(app, iter(pipe.execute()))
+            else:
+                with app.redis.pipeline(transaction=False) as pipe:
+                    server_clock.ask(pipe)
+                    if first:
+                        self.queue_index(pipe, app)
+                    replies = iter(pipe.execute())
+                now = server_clock.from_reply(next(replies))
+                if first:
+                    self.take_index(app, replies)
+            self.server.observe(now * 1000)
+            self.synced = time.monotonic()
         names = (self.queues or set()) | set(app.queues())
-        sent = 1 + (self.index_cost(app) if first else 0)
-        return now, sorted(names), sent
+        return self.server.now(), sorted(names), sent
 
     def listed(self, now: float) -> list[tuple[bytes, float]]:
         """Members of the registry's listing (as last read) that beat lately."""
@@ -263,7 +274,7 @@ def plan_reads(app: Conveyor, cache: BucketCache, keys: dict[str, QueueKeys],
     """Choose the reads of one poll: each queue's stats window (from the cache and at most
     :data:`BY_BUCKETS` buckets, else one ``ZUNION``), then with the ``spare`` commands
     left, the records of newly listed workers, the indexes when due and the sparkline's
-    missing closed buckets, newest first, one queue after another. While the chart fills, a
+    missing buckets, newest first, one queue after another. While the chart fills, a
     poll that read the indexes leaves the next one's spare to the chart."""
     plan = Plan({}, {}, [], False)
     fill: dict[str, list[int]] = {}
@@ -273,9 +284,11 @@ def plan_reads(app: Conveyor, cache: BucketCache, keys: dict[str, QueueKeys],
             plan.buckets[q], plan.windows[q] = lacking, 0
         else:
             plan.buckets[q], plan.windows[q] = [], window_commands(recent)
-        fill[q] = [s for s in reversed(cache.missing(k, starts))
-                   if s not in plan.buckets[q] and s + cache.width <= now]  # closed only:
-        # an open bucket is read with its window once the rest of the window is kept
+        lacking = [s for s in reversed(cache.missing(k, starts)) if s not in plan.buckets[q]]
+        closed = [s for s in lacking if s + cache.width <= now]
+        # Newest first, but a closed bucket before the open one: the open one is read
+        # again at every poll, so a chart it went first in would never fill in.
+        fill[q] = closed[:1] + [s for s in lacking if s not in closed] + closed[1:]
     spare -= plan.commands()
     plan.workers = cache.unknown(now)[:max(0, spare)]
     spare -= len(plan.workers)
