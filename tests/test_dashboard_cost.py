@@ -34,9 +34,9 @@ def within_one_bucket(app: Any, read: Callable[[], Any]) -> Any:
     """``read()`` done within one bucket of the server clock (retried across a boundary)."""
     width = app.limits.bucket_seconds
     for _ in range(5):
-        before = app.monitor._server_time() // width
+        before = server_now(app.redis) // width
         out = read()
-        if app.monitor._server_time() // width == before:
+        if server_now(app.redis) // width == before:
             return out
     raise AssertionError("never read within one bucket")
 
@@ -112,7 +112,7 @@ def test_first_poll_is_bounded_whatever_the_activity(make_server: type[RedisServ
             app.tasks[f"{q}.ok"].options(tenant=f"t{t}").enqueue_many([(1,), (2,)])
         with app.redis.pipeline(transaction=False) as pipe:  # task types by the dozen
             k = app.keys(q)
-            for start in bucket_starts(app.monitor._server_time(), 86_400,
+            for start in bucket_starts(server_now(app.redis), 86_400,
                                        app.limits.bucket_seconds)[:-1]:
                 pipe.zadd(k.metrics(start), {f"{q}.kind{n}|{what}": 3 for n in range(30)
                                              for what in ("succeeded", "w|90", "r|120")})
@@ -186,7 +186,7 @@ def test_every_poll_stays_within_budget(make_server: type[RedisServer]) -> None:
         kept = app.monitor.overview()
         fresh = Monitor(app).overview()
         chart = Monitor(app).series("q0", 600, points=60)
-        if kept.now // width == fresh.now // width == app.monitor._server_time() // width:
+        if kept.now // width == fresh.now // width == server_now(app.redis) // width:
             break
     assert kept.queues[0].spark == chart
     assert kept.queues[0].stats.succeeded == fresh.queues[0].stats.succeeded > 0

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import redis
@@ -37,10 +37,12 @@ from .. import untrusted
 from ..keys import QueueKeys
 from ..worker import registry
 from ..worker.registry import WorkerInfo
+from .activity import TaskActivity, finished, queue_activity, running, task_activity
 from .advice import Advice, decide
-from .flow import FlowState, read_flow
+from .flow import FlowState
 from .series import Series, build_series
 from .stats import (
+    BACKLOG_COMMANDS,
     Backlog,
     Stats,
     TaskWindow,
@@ -49,8 +51,10 @@ from .stats import (
     merge,
     parse_replies,
     parse_window,
+    queue_backlog,
     queue_buckets,
     queue_window,
+    take_backlog,
     window_commands,
 )
 
@@ -61,7 +65,7 @@ GRACE = 1.0  # seconds after its end a bucket is still read again (the scripts' 
 # the server's: a bucket read when the server's clock is past its end is final; the
 # margin covers the reader's estimate of that clock between two readings)
 CLOCK_SECONDS = 10.0  # the server's clock is read again after this long
-PER_QUEUE = 7  # commands per queue before its metrics
+PER_QUEUE = BACKLOG_COMMANDS + 2  # commands per queue before its metrics (+ activity)
 INDEX_SECONDS = 2.0  # the set of known queues and the registry's listing are read again
 BUDGET = 10  # after this long, in a poll whose commands stay within this many per queue
 BY_BUCKETS = 2  # a window missing at most this many buckets is read bucket by bucket
@@ -92,6 +96,7 @@ class Overview:
     active: dict[str, dict[str, int]]  # queue -> task -> jobs running
     idle: dict[str, dict[str, float]]  # queue -> task -> last finish (epoch s)
     workers: list[WorkerInfo]  # live now; fields as first read (queues, concurrency fixed)
+    tasks: list[TaskActivity] = field(default_factory=list)  # by queue, then task
 
 
 class BucketCache:
@@ -319,8 +324,8 @@ def read_overview(app: Conveyor, cache: BucketCache, spark_window: float = 600,
                       BUDGET * len(names) - sent - PER_QUEUE * len(names), now)
     with app.redis.pipeline(transaction=False) as pipe:
         for q, k in keys.items():
-            pipe.hget(k.counts, "ready").zcard(k.delayed).zcard(k.leases).zcard(k.dead)
-            pipe.exists(k.limits, k.paused).hgetall(k.active).hgetall(k.idle)
+            queue_backlog(pipe, k)
+            queue_activity(pipe, k)
             queue_buckets(pipe, k, plan.buckets[q])
             queue_window(pipe, k, recent if plan.windows[q] else [])
         registry.queue_records(pipe, app, plan.workers)
@@ -346,28 +351,17 @@ def read_overview(app: Conveyor, cache: BucketCache, spark_window: float = 600,
                      [b or {} for b in buckets[q][len(starts) - len(recent):]])
         rows.append(_queue(app, q, keys[q], now, fixed[q], (now - recent[0], part), starts,
                            buckets[q], live, window, target_wait))
-    return Overview(now, rows,
-                    {q: _counts(fixed[q][5]) for q in names},
-                    {q: _times(fixed[q][6]) for q in names}, live)
-
-
-def _counts(raw: dict[Any, Any]) -> dict[str, int]:
-    return {untrusted.text(n) or "": max(0, untrusted.integer(v)) for n, v in raw.items()}
-
-
-def _times(raw: dict[Any, Any]) -> dict[str, float]:
-    return {untrusted.text(n) or "": t for n, v in raw.items()
-            if (t := untrusted.number(v)) is not None}
+    active = {q: running(fixed[q][BACKLOG_COMMANDS]) for q in names}
+    idle = {q: finished(fixed[q][BACKLOG_COMMANDS + 1]) for q in names}
+    tasks = [a for q in names for a in task_activity(app, q, active[q], idle[q], now)]
+    return Overview(now, rows, active, idle, live, tasks)
 
 
 def _queue(app: Conveyor, queue: str, keys: QueueKeys, now: float, fixed: list[Any],
            recent: tuple[float, TaskWindow], starts: list[int],
            buckets: list[dict[str, TaskWindow] | None], live: list[WorkerInfo],
            window: float, target_wait: float) -> QueueOverview:
-    ready, scheduled, active, dead, limited = fixed[:5]
-    flow = read_flow(app.redis, keys) if int(limited) else None
-    backlog = Backlog(max(0, untrusted.integer(ready)), int(scheduled), int(active),
-                      int(dead), flow.held if flow is not None else 0)
+    backlog, flow = take_backlog(app.redis, keys, fixed[:BACKLOG_COMMANDS])
     span, part = recent  # the stats window: its span (s) and its sums
     stats = build(None, queue, window, span, now, part, backlog)
     known = [b for b in buckets if b is not None]

@@ -18,8 +18,9 @@ from typing import Any
 
 import redis
 
+from .. import untrusted
 from ..keys import QueueKeys
-from .flow import read_flow
+from .flow import FlowState, read_flow
 from .histogram import Histogram
 
 COUNTERS = ("enqueued", "started", "succeeded", "failed", "retried", "dead")
@@ -238,17 +239,55 @@ def merge(buckets: Iterable[dict[str, TaskWindow]], task: str | None = None) -> 
     return total
 
 
-def read_backlog(client: redis.Redis, keys: QueueKeys) -> Backlog:
-    """ready = the ready counter, scheduled = delayed set, active = leases, dead = dead set,
-    held = ready jobs a limit holds back (read only when the queue has limits or a pause)."""
+BACKLOG_COMMANDS = 5  # commands :func:`queue_backlog` sends
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """A queue now: its backlog and whether it is paused."""
+
+    queue: str
+    backlog: Backlog
+    paused: bool
+
+
+def queue_backlog(pipe: Any, keys: QueueKeys) -> None:
+    """Queue the reads of one queue's backlog on ``pipe``: ready = the ready counter,
+    scheduled = delayed set, active = leases, dead = dead set, and whether it has limits
+    or a pause (:data:`BACKLOG_COMMANDS` commands)."""
+    pipe.hget(keys.counts, "ready").zcard(keys.delayed).zcard(keys.leases).zcard(keys.dead)
+    pipe.exists(keys.limits, keys.paused)
+
+
+def take_backlog(client: Any, keys: QueueKeys, replies: list[Any]
+                 ) -> tuple[Backlog, FlowState | None]:
+    """The backlog from the replies of :func:`queue_backlog`, with ``held`` (the ready
+    jobs a limit holds back) from the flow-control state, read only when the queue has
+    limits or a pause (then returned too)."""
+    ready, scheduled, active, dead, limited = replies
+    flow = read_flow(client, keys) if int(limited) else None
+    return Backlog(max(0, untrusted.integer(ready)), int(scheduled), int(active), int(dead),
+                   flow.held if flow is not None else 0), flow
+
+
+def read_states(client: redis.Redis, keys: Mapping[str, QueueKeys]) -> dict[str, QueueState]:
+    """Backlog and pause of each queue (one pipelined round trip, plus the flow-control
+    read of each queue that has limits or a pause)."""
     with client.pipeline(transaction=False) as pipe:
-        pipe.hget(keys.counts, "ready")
-        for zset in (keys.delayed, keys.leases, keys.dead):
-            pipe.zcard(zset)
-        pipe.exists(keys.limits, keys.paused)
-        ready, scheduled, active, dead, limited = pipe.execute()
-    held = read_flow(client, keys).held if int(limited) else 0
-    return Backlog(max(0, int(ready or 0)), int(scheduled), int(active), int(dead), held)
+        for k in keys.values():
+            queue_backlog(pipe, k)
+        replies = pipe.execute()
+    out = {}
+    for i, (queue, k) in enumerate(keys.items()):
+        part = replies[i * BACKLOG_COMMANDS: (i + 1) * BACKLOG_COMMANDS]
+        backlog, flow = take_backlog(client, k, part)
+        out[queue] = QueueState(queue, backlog, flow is not None and flow.paused)
+    return out
+
+
+def read_backlog(client: redis.Redis, keys: QueueKeys) -> Backlog:
+    """One queue's backlog (see :func:`queue_backlog`)."""
+    return read_states(client, {keys.queue: keys})[keys.queue].backlog
 
 
 def build(task: str | None, queue: str | None, window: float, span: float, now: float,

@@ -69,9 +69,8 @@ def overview(app: Conveyor) -> dict[str, Any]:
                      "advice": advice_plain(q.advice),
                      "spark": {"t": spark["t"], "processed": spark["processed"],
                                "wait_p95": spark["wait_p95"], "read": q.spark_read}})
-    names = [q.name for q in seen.queues]
     return {"time": seen.now, "queues": rows,
-            "tasks": queries.activity_rows(app, names, seen.active, seen.idle, seen.now),
+            "tasks": queries.activity_rows(seen.tasks, seen.now),
             "totals": {k: sum(r[k] for r in rows) for k in ("ready", "scheduled", "active",
                                                             "dead")}
             | {"throughput": sum(r["throughput"] for r in rows)},
