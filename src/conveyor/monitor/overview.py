@@ -290,9 +290,10 @@ def plan_reads(app: Conveyor, cache: BucketCache, keys: dict[str, QueueKeys],
         else:
             plan.buckets[q], plan.windows[q] = [], window_commands(recent)
         lacking = [s for s in reversed(cache.missing(k, starts)) if s not in plan.buckets[q]]
-        closed = [s for s in lacking if s + cache.width <= now]
-        # Newest first, but a closed bucket before the open one: the open one is read
-        # again at every poll, so a chart it went first in would never fill in.
+        closed = [s for s in lacking if s + cache.width + GRACE <= now]  # kept once read
+        # Newest first, but a bucket that is kept once read goes before the open ones:
+        # those are read again at every poll, so a chart they went first in would never
+        # fill in.
         fill[q] = closed[:1] + [s for s in lacking if s not in closed] + closed[1:]
     spare -= plan.commands()
     plan.workers = cache.unknown(now)[:max(0, spare)]
