@@ -3,19 +3,17 @@
 On a private redis-server, 1, 3 and 20 queues each get jobs in every state (ready,
 scheduled, active, dead, succeeded) from real scripts and a real worker process (killed
 while it holds its leases, so nothing else talks to Redis during the measurement) and
-metric buckets over the whole sparkline window (the bucket the scripts wrote, copied to
-every earlier start). Then one overview poll is counted: commands from
-``INFO commandstats`` after ``CONFIG RESETSTAT`` (its own INFO left out), round trips as
-the client's sends. The first poll after start reads every bucket of the window once; the
-next ones (``steady``) read only the open ones.
-
-``--write`` puts the figures in ``bench/RESULTS.md`` (a section below the kept mark).
+metric buckets over the last hour (the bucket the scripts wrote, copied to every earlier
+start). Then each overview poll is counted: commands from ``INFO commandstats`` after
+``CONFIG RESETSTAT`` (its own INFO left out), round trips as the client's sends. The
+first poll (a fresh reader) sums each queue's stats window in Redis; its sparklines fill
+in over the next polls (``fill``: polls until every chart is whole, ``fill max``: the
+dearest of them); ``steady`` is a poll after that, which reads only the open buckets.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import subprocess
@@ -96,16 +94,23 @@ def activity(app: conveyor.Conveyor, queues: int) -> None:
 
 
 def spread_buckets(app: conveyor.Conveyor, queues: list[str], seconds: int = 3600) -> None:
-    """Copy each queue's newest bucket to every start of the last ``seconds``."""
+    """Copy each queue's newest bucket to every start of the last ``seconds`` (whatever
+    type the scripts write buckets as, so that versions compare)."""
     width = app.limits.bucket_seconds
     sec, _ = app.redis.time()
     now = int(sec) // width * width
     for q in queues:
         k = app.keys(q)
-        fields = app.redis.hgetall(k.metrics(now)) or app.redis.hgetall(k.metrics(now - width))
+        newest = k.metrics(now) if app.redis.exists(k.metrics(now)) else k.metrics(now - width)
+        zset = app.redis.type(newest) == b"zset"
+        fields = dict(app.redis.zrange(newest, 0, -1, withscores=True)) if zset \
+            else app.redis.hgetall(newest)
         with app.redis.pipeline(transaction=False) as pipe:
             for start in range(now - seconds, now, width):
-                pipe.hset(k.metrics(start), mapping=fields)
+                if zset:
+                    pipe.zadd(k.metrics(start), fields)
+                else:
+                    pipe.hset(k.metrics(start), mapping=fields)
             pipe.execute()
 
 
@@ -139,28 +144,45 @@ def cost(client: redis.Redis, poll: Callable[[], Any]) -> tuple[int, int]:
     return commands, sent[0]
 
 
-def measure(queue_counts: tuple[int, ...] = (1, 3, 20)) -> list[dict[str, Any]]:
+def polls(app: conveyor.Conveyor, client: redis.Redis, most: int = 1000) -> dict[str, Any]:
+    """Poll as a fresh dashboard does: the first poll, the polls until every sparkline is
+    whole (at most ``most``), then one steady poll; the cost of each."""
     from conveyor.web import figures
 
+    seen: list[dict[str, Any]] = []
+
+    def poll() -> None:
+        seen.append(figures.overview(app))
+
+    first = cost(client, poll)
+    filling = []
+    while any(q["spark"]["read"] < 1 for q in seen[-1]["queues"]) and len(filling) < most:
+        filling.append(cost(client, poll))
+    return {"first": first, "fill": filling, "steady": cost(client, poll)}
+
+
+def measure(queue_counts: tuple[int, ...] = (1, 3, 20)) -> list[dict[str, Any]]:
     rows = []
     for n in queue_counts:
         with private_redis() as url:
             app = make_app(url, f"cost-{uuid.uuid4().hex[:6]}", n)
             activity(app, n)
-            client = redis.Redis.from_url(url)
-            poll = functools.partial(figures.overview, app)
-            first, steady = cost(client, poll), cost(client, poll)
-            rows.append({"queues": n, "first": first, "steady": steady})
+            rows.append({"queues": n} | polls(app, redis.Redis.from_url(url)))
             app.close()
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| queues | first poll: commands (per queue), round trips "
-             "| next polls: commands (per queue), round trips |", "|---|---|---|"]
+             "| polls until the charts are whole: count, dearest (per queue) "
+             "| steady poll: commands (per queue), round trips |", "|---|---|---|---|"]
     for r in rows:
         (c1, t1), (c2, t2), n = r["first"], r["steady"], r["queues"]
-        lines.append(f"| {n} | {c1:,} ({c1 / n:.1f}), {t1} | {c2:,} ({c2 / n:.1f}), {t2} |")
+        fill = r["fill"]
+        dearest = max((c for c, _ in fill), default=0)
+        lines.append(f"| {n} | {c1:,} ({c1 / n:.1f}), {t1} "
+                     f"| {len(fill)}, {dearest:,} ({dearest / n:.1f}) "
+                     f"| {c2:,} ({c2 / n:.1f}), {t2} |")
     return "\n".join(lines)
 
 

@@ -96,8 +96,8 @@ def test_advice_reads_the_worker_registry(app: conveyor.Conveyor) -> None:
             "host": "h", "pid": 1, "queues": queues, "concurrency": 8, "jobs": 3,
             "started_at": time.time()})
     bucket = int(time.time() // 10 * 10)
-    app.redis.hset(app.keys("mail").metrics(bucket),
-                   mapping={"slow|r|10": 4, "slow|rsum": 2.0, "slow|succeeded": 4})
+    app.redis.zadd(app.keys("mail").metrics(bucket),
+                   {"slow|r|10": 4, "slow|rsum": 2.0, "slow|succeeded": 4})
     advice = app.monitor.advice("mail", target_wait=5)
     assert not advice.assumed_workers
     assert (advice.workers, advice.concurrency, advice.busy_slots) == (2, 8, 6)

@@ -127,7 +127,7 @@ def test_window_excludes_old_buckets_and_buckets_expire(app: conveyor.Conveyor) 
     now = app.monitor.stats().now
     keys = app.keys("default")
     old = int(now // 10 * 10) - 3600
-    app.redis.hset(keys.metrics(old), mapping={"t|succeeded": 7, "t|r|50": 7, "t|rsum": 0.7})
+    app.redis.zadd(keys.metrics(old), {"t|succeeded": 7, "t|r|50": 7, "t|rsum": 0.7})
     assert app.monitor.stats(task="t", window=300).succeeded == 0
     hour = app.monitor.stats(task="t", window=4000)
     assert hour.succeeded == 7 and hour.run.mean == pytest.approx(0.1)

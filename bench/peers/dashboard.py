@@ -18,9 +18,10 @@ TITLE = "## Dashboard: Redis commands per overview poll (`python -m bench.dashbo
 INTRO = (
     "Measured in the same run, after the peers, on private servers of its own. One poll of"
     " the web dashboard's overview with 1, 3 and 20 queues, each holding jobs in every"
-    " state and metric buckets over the whole chart window; commands from"
-    " `INFO commandstats` after `CONFIG RESETSTAT`, round trips as the client's sends. The"
-    " first poll after start reads the window once; later polls read only the open buckets."
+    " state and an hour of metric buckets; commands from `INFO commandstats` after"
+    " `CONFIG RESETSTAT`, round trips as the client's sends. The first poll is a freshly"
+    " started dashboard's (its figures exact, its sparklines filled in over the next polls"
+    " within the same budget); a steady poll reads only the open buckets."
 )
 
 

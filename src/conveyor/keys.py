@@ -39,7 +39,7 @@ class QueueKeys:
     events: str  # capped stream of finished jobs, read by the analytics sink
     events_on: str  # exists once a sink has read the queue: only then are events written
     paused: str  # exists while the queue is paused
-    metrics_prefix: str  # + bucket start (s) -> hash of counters and histograms
+    metrics_prefix: str  # + bucket start (s) -> zset of counters and histograms (score: value)
     schedule_prefix: str  # + periodic name -> last fired tick (periodic jobs)
     cancelling: str  # zset short id -> when a cancel of the running job was asked (ms)
     handover: str  # list of short ids of workflow nodes that ended, children not yet told
@@ -104,7 +104,9 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
         # include/finish.lua (streaming) derives this name from events: keep them in step.
         events_on=f"{tag}:events:on",
         paused=f"{tag}:paused",
-        metrics_prefix=f"{tag}:m:",
+        # A sorted set since buckets are summed by ZUNION; named apart from the hashes that
+        # older versions wrote, so a mixed deploy never meets a key of the wrong type.
+        metrics_prefix=f"{tag}:mz:",
         schedule_prefix=f"{tag}:schedule:",
         cancelling=f"{tag}:cancelling",
         # Scripts that end jobs derive this name from the hash tag of their job_prefix

@@ -127,20 +127,17 @@ def _run(d: object, concurrency: int, scale: int) -> None:
     worker = app.worker(queues=["newsletter"], concurrency=concurrency)
     thread = threading.Thread(target=worker.run, kwargs={"burst": False}, daemon=True)
     thread.start()
-    k = app.keys("newsletter")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
                   console=console) as progress:
         bar = progress.add_task("jobs finished", total=len(jobs), detail="")
         while True:
-            with app.redis.pipeline(transaction=False) as pipe:
-                pipe.hget(k.counts, "ready").zcard(k.delayed).zcard(k.leases).zcard(k.dead)
-                ready, scheduled, active, dead = pipe.execute()
+            b = app.monitor.backlog("newsletter")
             running = [h for h in handles if h.info().state == "running"]
-            left = int(ready or 0) + scheduled + active + len(running)
+            left = b.ready + b.scheduled + b.active + len(running)
             progress.update(bar, completed=len(jobs) - left,
-                            detail=f"ready {int(ready or 0)} · scheduled {scheduled} · "
-                                   f"active {active} · dead {dead}")
+                            detail=f"ready {b.ready} · scheduled {b.scheduled} · "
+                                   f"active {b.active} · dead {b.dead}")
             if left == 0:
                 break
             time.sleep(0.1)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from .. import untrusted
 from ..monitor.histogram import Histogram
-from ..monitor.stats import bucket_starts, merge, parse_replies, queue_buckets
+from ..monitor.stats import bucket_starts, merge, parse_window, queue_window
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -197,15 +197,16 @@ class SignalReader:
         starts = bucket_starts(now, P95_WINDOW, self.app.limits.bucket_seconds)
         keys = {q: self.app.keys(q) for q in self.queues}
         with self.app.redis.pipeline(transaction=False) as pipe:
+            sent = []
             for k in keys.values():
                 pipe.hget(k.counts, "ready")
-                queue_buckets(pipe, k, starts)
+                sent.append(queue_window(pipe, k, starts))
             replies = iter(pipe.execute())
         ready, waits = 0, Histogram()
-        for _ in keys:
+        for n in sent:
             ready += max(0, untrusted.integer(next(replies)))
-            for bucket in parse_replies([next(replies) for _ in starts]):
-                waits.merge(merge([bucket]).wait)
+            window = parse_window([next(replies) for _ in range(n)])
+            waits.merge(merge([window]).wait)
         return max(0, ready - self._held()), waits.quantile(0.95)
 
     def _held(self) -> int:

@@ -10,26 +10,37 @@ cannot do itself).
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .. import untrusted
 from ..clock import server_now
+from ..fleet import published
+from ..fleet.published import SupervisorRecord
 from ..worker import registry
 from ..worker.registry import WorkerInfo
+from .activity import TaskActivity, read_activity
 from .advice import Advice, decide
 from .flow import FlowState, read_flow
-from .lists import JobPage, ScheduleRow, Tenants, read_jobs, read_schedules, read_tenants
+from .lists import (
+    JobDetail,
+    JobPage,
+    ScheduleRow,
+    Tenants,
+    read_job_detail,
+    read_jobs,
+    read_schedules,
+    read_tenants,
+)
 from .overview import BucketCache, Overview, QueueOverview, read_overview
 from .series import Series, build_series
 from .stats import (
     Backlog,
+    QueueState,
     Stats,
     TaskWindow,
     Timing,
     bucket_starts,
     build,
-    read_backlog,
+    read_states,
     read_windows,
 )
 
@@ -38,19 +49,9 @@ if TYPE_CHECKING:
 
 RUN_TIME_LOOKBACK = 3600.0  # seconds of history advice falls back on for the run time
 
-__all__ = ["Advice", "Backlog", "JobPage", "Monitor", "Overview", "QueueOverview",
-           "ScheduleRow", "Series", "Stats", "TaskActivity", "Tenants", "Timing", "WorkerInfo"]
-
-
-@dataclass(frozen=True, slots=True)
-class TaskActivity:
-    """One task type of one queue now: jobs running, last finish, and whether it is idle."""
-
-    task: str
-    queue: str
-    active: int
-    idle_since: float | None
-    idle: bool
+__all__ = ["Advice", "Backlog", "JobDetail", "JobPage", "Monitor", "Overview", "QueueOverview",
+           "QueueState", "ScheduleRow", "Series", "Stats", "SupervisorRecord", "TaskActivity",
+           "Tenants", "Timing", "WorkerInfo"]
 
 
 class Monitor:
@@ -89,9 +90,12 @@ class Monitor:
         """
         return read_jobs(self.app, queue, state, offset, limit)
 
-    def schedules(self) -> list[ScheduleRow]:
-        """The app's periodic jobs with their next fire and last fired tick."""
-        return read_schedules(self.app, server_now(self.app.redis))
+    def schedules(self, now: float | None = None) -> list[ScheduleRow]:
+        """The app's periodic jobs with their next fire and last fired tick.
+
+        :param now: the server's clock (epoch s) when the caller has read it already
+        """
+        return read_schedules(self.app, server_now(self.app.redis) if now is None else now)
 
     def series(self, queue: str, window: float = 900, points: int = 90) -> Series:
         """Chart points of ``queue`` over the last ``window`` seconds (at most ``points``),
@@ -140,7 +144,7 @@ class Monitor:
 
     def backlog(self, queue: str) -> Backlog:
         """Jobs of ``queue`` ready, scheduled (delayed or awaiting retry), active and dead."""
-        return read_backlog(self.app.redis, self.app.keys(queue))
+        return self.queue_states([queue])[queue].backlog
 
     def flow(self, queue: str) -> FlowState:
         """``queue``'s limits, running counts and the ready jobs its limits hold back now,
@@ -157,7 +161,7 @@ class Monitor:
         now = server_now(self.app.redis)
         width = self.app.limits.bucket_seconds
         starts = bucket_starts(now, window, width)
-        by_queue = {q: read_windows(self.app.redis, self.app.keys(q), starts) for q in queues}
+        by_queue = read_windows(self.app.redis, {q: self.app.keys(q) for q in queues}, starts)
         return now, now - starts[0], by_queue
 
     def stats(self, task: str | None = None, queue: str | None = None,
@@ -198,34 +202,40 @@ class Monitor:
 
     def activity(self, queue: str | None = None) -> list[TaskActivity]:
         """Every task type known to the app or seen by the queues: active now, last finish,
-        idle against its threshold. Sorted by queue, then task."""
+        idle against its threshold. Sorted by queue, then task (one round trip)."""
         queues = [queue] if queue is not None else self.app.known_queues()
-        now = server_now(self.app.redis)
-        out = []
-        for q in queues:
-            k = self.app.keys(q)
-            with self.app.redis.pipeline(transaction=False) as pipe:
-                active, idle = pipe.hgetall(k.active).hgetall(k.idle).execute()
-            counts = {untrusted.text(n) or "": untrusted.integer(v) for n, v in active.items()}
-            idles = {untrusted.text(n) or "": untrusted.number(v) for n, v in idle.items()}
-            names = set(counts) | set(idles)
-            names |= {t.name for t in self.app.tasks.values() if t.queue == q}
-            for name in sorted(names):
-                running = max(0, counts.get(name, 0))
-                since = idles.get(name)
-                known = self.app.tasks.get(name)
-                threshold = known.idle_threshold if known else 300.0
-                is_idle = running == 0 and (since is None or now - since >= threshold)
-                out.append(TaskActivity(name, q, running, since, is_idle))
-        return out
+        return read_activity(self.app, queues, server_now(self.app.redis))
+
+    def queue_states(self, queues: list[str] | None = None) -> dict[str, QueueState]:
+        """Backlog and pause of each of ``queues`` (default: every known queue), in one
+        round trip (plus the flow-control read of a queue with limits or a pause)."""
+        names = queues if queues is not None else self.app.known_queues()
+        return read_states(self.app.redis, {q: self.app.keys(q) for q in names})
+
+    def job_detail(self, job_id: str) -> JobDetail:
+        """A job's record with its decoded arguments and its workflow (one read).
+
+        :raises JobNotFound: no such job (or its record expired)
+        :raises ValueError: not a job id
+        """
+        return read_job_detail(self.app, job_id)
 
     # -- capacity and advice ---------------------------------------------------------------
 
-    def workers(self) -> list[WorkerInfo]:
+    def workers(self, now: float | None = None) -> list[WorkerInfo]:
         """Live worker processes from the worker registry (empty when none registered),
         oldest heartbeat first; what counts as live is decided by
-        :func:`conveyor.worker.registry.live_workers`."""
-        return registry.live_workers(self.app, now=server_now(self.app.redis))
+        :func:`conveyor.worker.registry.live_workers`.
+
+        :param now: the server's clock (epoch s) when the caller has read it already
+        """
+        return registry.live_workers(self.app,
+                                     now=server_now(self.app.redis) if now is None else now)
+
+    def supervisors(self, decisions: int = 10) -> list[SupervisorRecord]:
+        """Live worker supervisors as they last published themselves, each with its latest
+        ``decisions`` (newest first), oldest heartbeat first."""
+        return published.live_supervisors(self.app, decisions=decisions)
 
     def advice(self, queue: str = "default", target_wait: float = 10,
                deadline: float | dt.datetime | None = None, window: float = 60) -> Advice:

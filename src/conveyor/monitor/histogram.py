@@ -58,8 +58,11 @@ class Histogram:
 
     @property
     def mean(self) -> float | None:
+        """The exact mean. The total is rounded to the microsecond the scripts write
+        durations in, so a sum that Redis added up (``ZUNION``) and one added here in
+        another order give the same mean to the digit."""
         n = self.count
-        return self.total / n if n else None
+        return round(self.total, 6) / n if n else None
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile (0 < q <= 1) by nearest rank, interpolated inside its bin.

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import untrusted
+from ..errors import EncodingError
 from ..job import JobInfo
+from ..record import ARGS
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -146,3 +148,32 @@ def read_schedules(app: Conveyor, now: float) -> list[ScheduleRow]:
         rows.append(ScheduleRow(periodic.task.name, periodic.task.queue, periodic.cron,
                                 next_fire, last_fire))
     return rows
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """A job's record with its decoded arguments and the workflow it belongs to."""
+
+    info: JobInfo
+    args: list[Any] | str  # a str says why the arguments could not be decoded
+    kwargs: dict[str, Any]
+    workflow: str | None  # the workflow's id, when the job is one of its nodes
+
+
+def read_job_detail(app: Conveyor, job_id: str) -> JobDetail:
+    """One read of a job's record, arguments included.
+
+    :raises JobNotFound: no such job (or its record expired)
+    :raises ValueError: not a job id
+    """
+    job = app.job(job_id)
+    inline = app._inline  # conveyor.testing.inline: records in memory
+    record = inline.record(job.queue, job.short_id) if inline is not None else \
+        app.redis.hgetall(app.keys(job.queue).job(job.short_id))
+    info = job._info(record)
+    workflow = untrusted.text(record.get(b"wf")) or None
+    try:
+        args, kwargs = app.codec.decode_args(record.get(ARGS.encode()) or b"")
+        return JobDetail(info, list(args), dict(kwargs), workflow)
+    except EncodingError as exc:
+        return JobDetail(info, f"<undecodable arguments: {exc}>", {}, workflow)

@@ -22,9 +22,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .. import untrusted
 from ..clock import server_now
-from .stats import COUNTERS, TaskWindow, bucket_starts, parse_bucket, queue_buckets
+from .stats import COUNTERS, TaskWindow, bucket_starts, fields_of, parse_bucket, queue_buckets
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -77,8 +76,10 @@ class RedisCollector(Collector):
             replies = pipe.execute()
         gained: dict[str, float] = {}
         for start, reply in zip(starts, replies, strict=True):
-            fields = {untrusted.text(k) or "": untrusted.number(v) or 0.0
-                      for k, v in reply.items()}
+            try:
+                fields = dict(fields_of(reply))
+            except ValueError:  # a damaged bucket reads as empty, never as a crash
+                fields = {}
             before = seen.get(start, {})
             for name, value in fields.items():
                 delta = value - before.get(name, 0.0)

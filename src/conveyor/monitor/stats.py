@@ -1,7 +1,10 @@
 """Windowed statistics read from the metric buckets the Lua scripts write.
 
-A bucket ``m:<start s>`` of a queue holds, per task type, counters (``<task>|succeeded``)
-and log histograms of wait and run time (``<task>|w|<bin>``). A window of W seconds is
+A bucket ``mz:<start s>`` of a queue is a sorted set whose scores are the values: per
+task type, counters (``<task>|succeeded``), sums of durations (``<task>|wsum``) and log
+histograms of wait and run time (``<task>|w|<bin>``). Redis sums a window of buckets in
+one ``ZUNION``, so a window costs one command per queue however long it is; a chart, which
+needs the buckets apart, reads them one by one. A window of W seconds is
 the buckets whose start lies within W of now, plus the one cut by the window's start, so
 it covers between W and W + bucket width; rates divide by the span actually covered.
 """
@@ -9,17 +12,19 @@ it covers between W and W + bucket width; rates divide by the span actually cove
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
+from .. import untrusted
 from ..keys import QueueKeys
-from .flow import read_flow
+from .flow import FlowState, read_flow
 from .histogram import Histogram
 
 COUNTERS = ("enqueued", "started", "succeeded", "failed", "retried", "dead")
+WINDOW_KEYS = 1000  # buckets summed by one ZUNION (a day of 10 s buckets takes nine)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +119,27 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def parse_bucket(fields: Mapping[Any, Any], into: dict[str, TaskWindow]) -> None:
-    """Add one bucket hash (as HGETALL returns it) into per-task windows."""
-    for raw_name, raw_value in fields.items():
-        name, value = _text(raw_name), _text(raw_value)
+Reply = Mapping[Any, Any] | Iterable[tuple[Any, Any]]  # a bucket or window as read
+
+
+def fields_of(reply: Reply | None) -> Iterator[tuple[str, float]]:
+    """(member, value) pairs of a bucket or a window as redis-py returns them: the
+    ``(member, score)`` pairs of ``ZRANGE``/``ZUNION ... WITHSCORES`` (or a mapping)."""
+    if not reply:
+        return
+    pairs = reply.items() if isinstance(reply, Mapping) else reply
+    for raw_name, raw_value in pairs:
+        yield _text(raw_name), float(_text(raw_value))
+
+
+def parse_bucket(fields: Reply, into: dict[str, TaskWindow]) -> None:
+    """Add one bucket (or the sum of several) into per-task windows.
+
+    :raises ValueError: a value is not a number
+    """
+    for name, value in fields_of(fields):
         head, _, last = name.rpartition("|")
-        if not head:
+        if not head or not math.isfinite(value):
             continue
         if last.isdigit():
             task, _, kind = head.rpartition("|")
@@ -129,20 +149,48 @@ def parse_bucket(fields: Mapping[Any, Any], into: dict[str, TaskWindow]) -> None
             continue
         target = into.setdefault(head, TaskWindow())
         if last == "wsum":
-            target.wait.total += float(value)
+            target.wait.total += value
         elif last == "rsum":
-            target.run.total += float(value)
+            target.run.total += value
         else:
-            target.counters[last] = target.counters.get(last, 0) + int(float(value))
+            target.counters[last] = target.counters.get(last, 0) + int(value)
 
 
 def queue_buckets(pipe: Any, keys: QueueKeys, starts: Iterable[int]) -> None:
-    """Queue the HGETALL of each bucket of one queue on ``pipe`` (keys from ``keys.py``)."""
+    """Queue the read of each bucket of one queue on ``pipe``, one command per bucket
+    (keys from ``keys.py``)."""
     for start in starts:
-        pipe.hgetall(keys.metrics(start))
+        pipe.zrange(keys.metrics(start), 0, -1, withscores=True)
 
 
-def parse_replies(replies: Iterable[Mapping[Any, Any] | None]) -> list[dict[str, TaskWindow]]:
+def window_commands(starts: Sequence[int]) -> int:
+    """Commands :func:`queue_window` sends for a window of ``starts``."""
+    return math.ceil(len(starts) / WINDOW_KEYS)
+
+
+def queue_window(pipe: Any, keys: QueueKeys, starts: Sequence[int]) -> int:
+    """Queue the sum of the buckets of ``starts`` of one queue on ``pipe``: one ``ZUNION``
+    per :data:`WINDOW_KEYS` buckets, however many buckets the window holds. Returns the
+    number of replies to hand to :func:`parse_window`."""
+    names = [keys.metrics(s) for s in starts]
+    for i in range(0, len(names), WINDOW_KEYS):
+        pipe.zunion(names[i: i + WINDOW_KEYS], withscores=True)
+    return window_commands(starts)
+
+
+def parse_window(replies: Iterable[Reply | None]) -> dict[str, TaskWindow]:
+    """Per-task windows from the replies of :func:`queue_window` (a damaged window reads
+    as empty, never as a crash)."""
+    out: dict[str, TaskWindow] = {}
+    try:
+        for reply in replies:
+            parse_bucket(reply or [], out)
+    except ValueError:
+        return {}
+    return out
+
+
+def parse_replies(replies: Iterable[Reply | None]) -> list[dict[str, TaskWindow]]:
     """Per-task windows of each bucket, in the order read (an empty dict for none)."""
     out: list[dict[str, TaskWindow]] = []
     for reply in replies:
@@ -158,8 +206,8 @@ def parse_replies(replies: Iterable[Mapping[Any, Any] | None]) -> list[dict[str,
 
 def read_buckets(client: redis.Redis, keys: Mapping[str, QueueKeys], starts: list[int]
                  ) -> dict[str, list[dict[str, TaskWindow]]]:
-    """The one reader of the metric buckets: per queue, each bucket of ``starts`` parsed
-    into per-task windows, oldest first (one pipelined round trip for every queue)."""
+    """Each bucket of ``starts``, per queue, parsed into per-task windows, oldest first
+    (one pipelined round trip for every queue): for charts, which need every bucket apart."""
     with client.pipeline(transaction=False) as pipe:
         for k in keys.values():
             queue_buckets(pipe, k, starts)
@@ -168,6 +216,17 @@ def read_buckets(client: redis.Redis, keys: Mapping[str, QueueKeys], starts: lis
     for i, queue in enumerate(keys):
         out[queue] = parse_replies(replies[i * n: (i + 1) * n])
     return out
+
+
+def read_windows(client: redis.Redis, keys: Mapping[str, QueueKeys], starts: Sequence[int]
+                 ) -> dict[str, dict[str, TaskWindow]]:
+    """The one reader of windows of metric buckets: per queue, per-task sums over the
+    buckets of ``starts``, summed by Redis (``ZUNION``): one pipelined round trip and one
+    command per queue (per :data:`WINDOW_KEYS` buckets) whatever the window's length."""
+    with client.pipeline(transaction=False) as pipe:
+        sent = {q: queue_window(pipe, k, starts) for q, k in keys.items()}
+        replies = iter(pipe.execute())
+    return {q: parse_window([next(replies) for _ in range(n)]) for q, n in sent.items()}
 
 
 def merge(buckets: Iterable[dict[str, TaskWindow]], task: str | None = None) -> TaskWindow:
@@ -180,27 +239,55 @@ def merge(buckets: Iterable[dict[str, TaskWindow]], task: str | None = None) -> 
     return total
 
 
-def read_windows(client: redis.Redis, keys: QueueKeys, starts: Iterable[int]
-                 ) -> dict[str, TaskWindow]:
-    """Per-task sums over the given buckets of one queue (one pipelined round trip)."""
-    out: dict[str, TaskWindow] = {}
-    for bucket in read_buckets(client, {"": keys}, list(starts))[""]:
-        for name, part in bucket.items():
-            out.setdefault(name, TaskWindow()).merge(part)
+BACKLOG_COMMANDS = 5  # commands :func:`queue_backlog` sends
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """A queue now: its backlog and whether it is paused."""
+
+    queue: str
+    backlog: Backlog
+    paused: bool
+
+
+def queue_backlog(pipe: Any, keys: QueueKeys) -> None:
+    """Queue the reads of one queue's backlog on ``pipe``: ready = the ready counter,
+    scheduled = delayed set, active = leases, dead = dead set, and whether it has limits
+    or a pause (:data:`BACKLOG_COMMANDS` commands)."""
+    pipe.hget(keys.counts, "ready").zcard(keys.delayed).zcard(keys.leases).zcard(keys.dead)
+    pipe.exists(keys.limits, keys.paused)
+
+
+def take_backlog(client: Any, keys: QueueKeys, replies: list[Any]
+                 ) -> tuple[Backlog, FlowState | None]:
+    """The backlog from the replies of :func:`queue_backlog`, with ``held`` (the ready
+    jobs a limit holds back) from the flow-control state, read only when the queue has
+    limits or a pause (then returned too)."""
+    ready, scheduled, active, dead, limited = replies
+    flow = read_flow(client, keys) if int(limited) else None
+    return Backlog(max(0, untrusted.integer(ready)), int(scheduled), int(active), int(dead),
+                   flow.held if flow is not None else 0), flow
+
+
+def read_states(client: redis.Redis, keys: Mapping[str, QueueKeys]) -> dict[str, QueueState]:
+    """Backlog and pause of each queue (one pipelined round trip, plus the flow-control
+    read of each queue that has limits or a pause)."""
+    with client.pipeline(transaction=False) as pipe:
+        for k in keys.values():
+            queue_backlog(pipe, k)
+        replies = pipe.execute()
+    out = {}
+    for i, (queue, k) in enumerate(keys.items()):
+        part = replies[i * BACKLOG_COMMANDS: (i + 1) * BACKLOG_COMMANDS]
+        backlog, flow = take_backlog(client, k, part)
+        out[queue] = QueueState(queue, backlog, flow is not None and flow.paused)
     return out
 
 
 def read_backlog(client: redis.Redis, keys: QueueKeys) -> Backlog:
-    """ready = the ready counter, scheduled = delayed set, active = leases, dead = dead set,
-    held = ready jobs a limit holds back (read only when the queue has limits or a pause)."""
-    with client.pipeline(transaction=False) as pipe:
-        pipe.hget(keys.counts, "ready")
-        for zset in (keys.delayed, keys.leases, keys.dead):
-            pipe.zcard(zset)
-        pipe.exists(keys.limits, keys.paused)
-        ready, scheduled, active, dead, limited = pipe.execute()
-    held = read_flow(client, keys).held if int(limited) else 0
-    return Backlog(max(0, int(ready or 0)), int(scheduled), int(active), int(dead), held)
+    """One queue's backlog (see :func:`queue_backlog`)."""
+    return read_states(client, {keys.queue: keys})[keys.queue].backlog
 
 
 def build(task: str | None, queue: str | None, window: float, span: float, now: float,

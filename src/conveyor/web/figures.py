@@ -68,10 +68,9 @@ def overview(app: Conveyor) -> dict[str, Any]:
                      "throughput": q.stats.throughput, "wait_p95": q.stats.wait.p95,
                      "advice": advice_plain(q.advice),
                      "spark": {"t": spark["t"], "processed": spark["processed"],
-                               "wait_p95": spark["wait_p95"]}})
-    names = [q.name for q in seen.queues]
+                               "wait_p95": spark["wait_p95"], "read": q.spark_read}})
     return {"time": seen.now, "queues": rows,
-            "tasks": queries.activity_rows(app, names, seen.active, seen.idle, seen.now),
+            "tasks": queries.activity_rows(seen.tasks, seen.now),
             "totals": {k: sum(r[k] for r in rows) for k in ("ready", "scheduled", "active",
                                                             "dead")}
             | {"throughput": sum(r["throughput"] for r in rows)},

@@ -1,20 +1,17 @@
-"""What the dashboard reads from Redis, as plain dicts ready for JSON or a template.
+"""What the dashboard shows, as plain dicts ready for JSON or a template.
 
-Every function here only reads. Lists are bounded (paging, tenant caps) so a page costs
-the same with ten tenants or a hundred thousand.
+Every figure comes from :class:`~conveyor.monitor.Monitor`, which does the reading; this
+module only shapes it. Lists are bounded (paging, tenant caps) so a page costs the same
+with ten tenants or a hundred thousand.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import untrusted
-from ..errors import EncodingError
-from ..fleet import published
 from ..job import JobInfo
-from ..monitor.lists import JOB_LISTS, read_schedules
-from ..record import ARGS
-from ..worker import registry
+from ..monitor import TaskActivity
+from ..monitor.lists import JOB_LISTS
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -24,24 +21,11 @@ TOP_TENANTS = 10
 LISTS = JOB_LISTS
 
 
-def _text(value: Any) -> str:
-    return untrusted.text(value) or ""
-
-
 def backlog(app: Conveyor, queues: list[str]) -> dict[str, dict[str, Any]]:
     """Ready, scheduled, active and dead jobs and the paused flag of each queue."""
-    with app.redis.pipeline(transaction=False) as pipe:
-        for queue in queues:
-            k = app.keys(queue)
-            pipe.hget(k.counts, "ready").zcard(k.delayed).zcard(k.leases).zcard(k.dead)
-            pipe.exists(k.paused)
-        replies = pipe.execute()
-    out = {}
-    for i, queue in enumerate(queues):
-        ready, scheduled, active, dead, paused = replies[i * 5 : i * 5 + 5]
-        out[queue] = {"ready": max(0, int(ready or 0)), "scheduled": int(scheduled),
-                      "active": int(active), "dead": int(dead), "paused": bool(paused)}
-    return out
+    return {q: {"ready": s.backlog.ready, "scheduled": s.backlog.scheduled,
+                "active": s.backlog.active, "dead": s.backlog.dead, "paused": s.paused}
+            for q, s in app.monitor.queue_states(queues).items()}
 
 
 def tenants(app: Conveyor, queue: str) -> dict[str, Any]:
@@ -55,37 +39,11 @@ def tenants(app: Conveyor, queue: str) -> dict[str, Any]:
             "top_tenants": [{"tenant": t, "ready": n} for t, n in seen.top]}
 
 
-def activity(app: Conveyor, queues: list[str], now: float) -> list[dict[str, Any]]:
-    """Per task type: jobs running now, last finish, and whether it is idle."""
-    with app.redis.pipeline(transaction=False) as pipe:
-        for queue in queues:
-            pipe.hgetall(app.keys(queue).active).hgetall(app.keys(queue).idle)
-        replies = pipe.execute()
-    active = {q: {_text(k): max(0, untrusted.integer(v)) for k, v in replies[2 * i].items()}
-              for i, q in enumerate(queues)}
-    idle = {q: {_text(k): t for k, v in replies[2 * i + 1].items()
-                if (t := untrusted.number(v)) is not None} for i, q in enumerate(queues)}
-    return activity_rows(app, queues, active, idle, now)
-
-
-def activity_rows(app: Conveyor, queues: list[str], active: dict[str, dict[str, int]],
-                  idle: dict[str, dict[str, float]], now: float) -> list[dict[str, Any]]:
-    """Activity rows from jobs running and last finishes per queue and task type."""
-    rows = []
-    for queue in queues:
-        running_of, idle_of = active.get(queue, {}), idle.get(queue, {})
-        names = set(running_of) | set(idle_of)
-        names |= {t.name for t in app.tasks.values() if t.queue == queue}
-        for name in sorted(names):
-            known = app.tasks.get(name)
-            threshold = known.idle_threshold if known else 300.0
-            since = idle_of.get(name)
-            running = running_of.get(name, 0)
-            rows.append({"name": name, "queue": queue, "active": running, "idle_since": since,
-                         "idle_for": None if since is None else max(0.0, now - since),
-                         "threshold": threshold,
-                         "idle": running == 0 and (since is None or now - since >= threshold)})
-    return rows
+def activity_rows(tasks: list[TaskActivity], now: float) -> list[dict[str, Any]]:
+    """Activity rows (jobs running, last finish, idle or not) of the monitor's figures."""
+    return [{"name": a.task, "queue": a.queue, "active": a.active, "idle_since": a.idle_since,
+             "idle_for": None if a.idle_since is None else max(0.0, now - a.idle_since),
+             "threshold": a.threshold, "idle": a.idle} for a in tasks]
 
 
 def info_dict(info: JobInfo) -> dict[str, Any]:
@@ -117,16 +75,9 @@ def job_detail(app: Conveyor, job_id: str) -> dict[str, Any]:
     :raises JobNotFound: no such job (or its record expired)
     :raises ValueError: not a job id
     """
-    job = app.job(job_id)
-    info = job.info()
-    out = info_dict(info)
-    raw, workflow = app.redis.hmget(app.keys(job.queue).job(job.short_id), ARGS, "wf")
-    out["workflow"] = workflow.decode(errors="replace") if workflow else None
-    try:
-        args, kwargs = app.codec.decode_args(raw or b"")
-        out["args"], out["kwargs"] = args, kwargs
-    except EncodingError as exc:
-        out["args"], out["kwargs"] = f"<undecodable arguments: {exc}>", {}
+    detail = app.monitor.job_detail(job_id)
+    out = info_dict(detail.info)
+    out["workflow"], out["args"], out["kwargs"] = detail.workflow, detail.args, detail.kwargs
     return out
 
 
@@ -134,7 +85,7 @@ def workers(app: Conveyor, now: float) -> list[dict[str, Any]]:
     """Live workers of the registry (:func:`~conveyor.worker.registry.live_workers` decides
     which), most recent heartbeat first."""
     rows = []
-    for w in sorted(registry.live_workers(app, now=now), key=lambda w: -w.last_seen):
+    for w in sorted(app.monitor.workers(now), key=lambda w: -w.last_seen):
         fields = {"host": w.host, "pid": str(w.pid), "queues": ",".join(w.queues),
                   "concurrency": str(w.concurrency), "jobs": str(w.jobs),
                   "processed": str(w.processed)}
@@ -174,7 +125,7 @@ def supervisors(app: Conveyor, now: float, decisions: int = 10) -> list[dict[str
     """Live supervisors as they last published themselves, with their latest decisions
     (newest first), oldest heartbeat first."""
     rows = []
-    for sup in published.live_supervisors(app, decisions=decisions):
+    for sup in app.monitor.supervisors(decisions):
         f = sup.fields
         row: dict[str, Any] = {
             "id": sup.id, "last_seen": sup.heartbeat, "age": max(0.0, now - sup.heartbeat),
@@ -193,7 +144,7 @@ def supervisors(app: Conveyor, now: float, decisions: int = 10) -> list[dict[str
 def schedules(app: Conveyor, now: float) -> list[dict[str, Any]]:
     """Periodic jobs with their cron, next fire (UTC) and last fired tick when recorded."""
     return [{"task": r.task, "queue": r.queue, "cron": r.cron, "next": r.next, "last": r.last}
-            for r in read_schedules(app, now)]
+            for r in app.monitor.schedules(now)]
 
 
 WORKFLOW_GROUPS = ("active", "retrying", "ready", "scheduled", "dead", "cancelled", "succeeded")

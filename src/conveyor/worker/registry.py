@@ -210,24 +210,34 @@ def queue_members(pipe: Any, app: Conveyor, now: float,
     pipe.zrange(key, 0, -1, withscores=True)
 
 
-def read_members(app: Conveyor, members: list[tuple[bytes, float]]) -> list[WorkerInfo]:
-    """The records of the registry members listed by :func:`queue_members` (one round
-    trip; none when there are no members)."""
-    if not members:
-        return []
-    key = keyspace.workers_key(app.namespace)
-    with app.redis.pipeline(transaction=False) as pipe:
-        for member, _ in members:
-            pipe.hgetall(keyspace.worker_key(app.namespace, _text(member)))
-        hashes: list[dict[bytes, bytes]] = pipe.execute()
+def queue_records(pipe: Any, app: Conveyor, members: list[tuple[bytes, float]]) -> None:
+    """Queue on ``pipe`` the read of the record of each member (one command each)."""
+    for member, _ in members:
+        pipe.hgetall(keyspace.worker_key(app.namespace, _text(member)))
+
+
+def take_records(members: list[tuple[bytes, float]], hashes: list[dict[bytes, bytes]]
+                 ) -> tuple[list[WorkerInfo], list[bytes]]:
+    """The records read by :func:`queue_records`, and the members whose record is gone."""
     records, gone = [], []
     for (member, score), fields in zip(members, hashes, strict=True):
         if fields:
             records.append(WorkerInfo.from_hash(_text(member), fields, score))
         else:
             gone.append(member)
+    return records, gone
+
+
+def read_members(app: Conveyor, members: list[tuple[bytes, float]]) -> list[WorkerInfo]:
+    """The records of the registry members listed by :func:`queue_members` (one round
+    trip; none when there are no members)."""
+    if not members:
+        return []
+    with app.redis.pipeline(transaction=False) as pipe:
+        queue_records(pipe, app, members)
+        records, gone = take_records(members, pipe.execute())
     if gone:  # its hash expired before its zset score fell behind the cutoff
-        app.redis.zrem(key, *gone)
+        app.redis.zrem(keyspace.workers_key(app.namespace), *gone)
     return records
 
 

@@ -1,6 +1,7 @@
--- Time-bucketed counters and log-scale histograms per task type. A bucket is a hash
--- `<metrics_prefix><bucket start s>` that expires, so memory does not grow with jobs.
--- Fields: '<task>|<counter>', '<task>|wsum' / '<task>|rsum' (seconds), and
+-- Time-bucketed counters and log-scale histograms per task type. A bucket is a sorted
+-- set `<metrics_prefix><bucket start s>` that expires, so memory does not grow with jobs;
+-- each member's score is its value, so a reader sums a whole window of buckets in one
+-- ZUNION. Members: '<task>|<counter>', '<task>|wsum' / '<task>|rsum' (seconds), and
 -- '<task>|w|<bin>' / '<task>|r|<bin>' histograms of wait and run time.
 -- A script tallies in a Lua table and writes each field once per call, so a batch of
 -- outcomes costs a few commands, not a few per job.
@@ -64,7 +65,7 @@ end
 local function write_tally(tally, bucket, ttl)
   local created = false
   local function add(field, by)
-    if redis.call('HINCRBY', bucket, field, by) == by then created = true end
+    if tonumber(redis.call('ZINCRBY', bucket, by, field)) == by then created = true end
   end
   for task, c in pairs(tally.counts) do
     for what, by in pairs(c) do add(task .. '|' .. what, by) end
@@ -76,8 +77,8 @@ local function write_tally(tally, bucket, ttl)
     for bin, by in pairs(bins) do add(task .. '|r|' .. bin, by) end
   end
   for task, sums in pairs(tally.sums) do
-    redis.call('HINCRBYFLOAT', bucket, task .. '|wsum', string.format('%.6f', sums.w))
-    redis.call('HINCRBYFLOAT', bucket, task .. '|rsum', string.format('%.6f', sums.r))
+    redis.call('ZINCRBY', bucket, string.format('%.6f', sums.w), task .. '|wsum')
+    redis.call('ZINCRBY', bucket, string.format('%.6f', sums.r), task .. '|rsum')
   end
   if created then redis.call('EXPIRE', bucket, ttl) end
 end
