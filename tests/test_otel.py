@@ -23,6 +23,7 @@ import conveyor
 from conveyor import testing
 from conveyor.contrib.otel import instrument, uninstrument
 from conveyor.keys import split_job_id
+from conveyor.sink import stream_events
 from helpers import RedisServer, env_with_src, running_worker, wait_until
 
 
@@ -138,6 +139,7 @@ def test_the_enqueue_trace_id_reaches_the_sink_rows(
     def dies() -> None:
         raise RuntimeError("never works")
 
+    stream_events(app, "sunk")  # a sink has read the queue before
     instrument(app, tracer_provider=provider)
     with provider.get_tracer("test").start_as_current_span("POST /orders"):
         one = add.enqueue(1, 2)
