@@ -39,6 +39,7 @@ SCRIPT_NAMES = (
     "workflow_release",
     "workflow_settle",
     "set_limits",
+    "register_waiter",
 )
 
 

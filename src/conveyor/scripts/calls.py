@@ -7,6 +7,7 @@ the script's header (a test checks them against the ``.lua`` files). Callers pas
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,10 +19,13 @@ from . import Arg, ScriptCall
 
 KEYS: dict[str, tuple[str, ...]] = {
     "enqueue": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "counts",
-                "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix", "throttle_prefix"),
+                "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix", "throttle_prefix",
+                "leases", "dead", "active", "seq", "events", "paused", "limits", "buckets",
+                "running", "parked", "waiters", "waiter_offers", "handoff_prefix"),
     "fetch": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "leases",
               "dead", "counts", "active", "seq", "dedupe_prefix", "events", "metrics_prefix",
-              "wake", "paused", "limits", "buckets", "running", "parked"),
+              "wake", "paused", "limits", "buckets", "running", "parked", "waiters",
+              "waiter_offers"),
     "finish": ("job_prefix", "leases", "delayed", "dead", "active", "idle", "dedupe_prefix",
                "events", "metrics_prefix", "wake", "counts", "running", "parked", "limits",
                "ready_prefix", "ring_prefix", "priorities"),
@@ -42,14 +46,15 @@ KEYS: dict[str, tuple[str, ...]] = {
     "workflow_settle": ("workflow_prefix",),
     "set_limits": ("limits", "buckets", "parked", "ready_prefix", "ring_prefix", "priorities",
                    "wake", "counts"),
+    "register_waiter": ("waiters", "waiter_offers"),
 }
 ARGV: dict[str, tuple[str, ...]] = {
     "enqueue": ("now", "bucket_seconds", "bucket_ttl", "claim", "claim_tick", "claim_mode",
                 "task", "priority", "tenant", "delay_ms", "at_ms", "max_attempts", "key",
                 "visibility_ms", "debounce_ms", "debounce_max_ms", "throttle_ms", "trace",
-                "count"),
+                "dead_cap", "events_maxlen", "count"),
     "fetch": ("now", "count", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
-              "nonce"),
+              "nonce", "worker", "waiter_ttl_ms"),
     "finish": ("now", "retention", "dead_cap", "events_maxlen", "bucket_seconds", "bucket_ttl",
                "snooze_cap", "count"),
     "heartbeat": ("now", "count"),
@@ -64,6 +69,7 @@ ARGV: dict[str, tuple[str, ...]] = {
     "workflow_release": ("now", "retention", "count"),
     "workflow_settle": ("retention", "workflow", "count"),
     "set_limits": ("clear", "count"),
+    "register_waiter": ("now", "worker", "slots", "nonce", "ttl_ms"),
 }
 
 
@@ -163,7 +169,7 @@ def enqueue(
     else:
         args += [claim.name, claim.tick_ms, "seen" if claim.only_if_seen else "fire"]
     args.extend(spec.fields())
-    args.append(len(jobs))
+    args += [limits.dead_cap, limits.events_maxlen, len(jobs)]
     for short_id, encoded in jobs:
         args.append(short_id)
         args.append(encoded)
@@ -202,6 +208,7 @@ class Fetched:
     jobs: list[Leased]
     trimmed: list[str] = field(default_factory=list)
     held: bool = False  # limits held back ready jobs (they start when a limit frees)
+    offered: int = 0  # free slots the fetch registered the worker as a waiter with
 
 
 def _float(value: Any, default: float = 0.0) -> float:
@@ -251,13 +258,62 @@ def _parse_fetch(reply: list[Any]) -> Fetched:
     )
 
 
+def parse_handoff(entry: bytes) -> Fetched:
+    """A hand-off list entry (include/handoff.lua): fields framed as ``<length>:<bytes>``;
+    now, the dead and the trimmed ids (each a count, then the ids), 9 fields per job.
+
+    :raises ValueError: a mangled entry
+    """
+    fields: list[bytes] = []
+    at = 0
+    while at < len(entry):
+        colon = entry.index(b":", at)
+        end = colon + 1 + int(entry[at:colon])
+        if end > len(entry):
+            raise ValueError("hand-off entry cut short")
+        fields.append(entry[colon + 1:end])
+        at = end
+    n_dead = int(fields[1])
+    dead = fields[2:2 + n_dead]
+    n_trimmed = int(fields[2 + n_dead])
+    flat = fields[3 + n_dead + n_trimmed:]
+    if len(flat) % 9:
+        raise ValueError("hand-off entry with a partial job")
+    return Fetched(
+        now_ms=float(fields[0]), next_due_ms=None, dead=[_text(d) for d in dead],
+        jobs=[_leased(flat[i:i + 9]) for i in range(0, len(flat), 9)],
+        trimmed=[_text(t) for t in fields[3 + n_dead:3 + n_dead + n_trimmed]],
+    )
+
+
+def register_waiter(
+    k: QueueKeys, worker: str, slots: int, ttl_ms: int, now: float | None = None
+) -> ScriptCall[float]:
+    """Register an idle worker as a waiter of the queue offering ``slots`` (replacing its
+    registration, if any); the reply is the server time (ms). A fresh nonce per
+    registration keeps the fencing tokens it is handed unique."""
+    args: list[Arg] = [_now(now), worker, slots, os.urandom(8).hex(), ttl_ms]
+    return _call("register_waiter", k, args, float)
+
+
 def fetch(
-    k: QueueKeys, count: int, limits: Limits, now: float | None = None
+    k: QueueKeys, count: int, limits: Limits, now: float | None = None, worker: str = "",
+    waiter_ttl_ms: int = 0,
 ) -> ScriptCall[Fetched]:
-    """Lease up to ``count`` jobs (after promotion and lease reclaim)."""
+    """Lease up to ``count`` jobs (after promotion and lease reclaim). With a ``worker``
+    id, the worker's registration as a waiter of the queue is replaced: the slots the fetch
+    left free are offered to the next enqueue (``Fetched.offered``), or none."""
     args: list[Arg] = [_now(now), count, limits.dead_cap, limits.events_maxlen,
-                       limits.bucket_seconds, limits.bucket_ttl, os.urandom(8).hex()]
-    return _call("fetch", k, args, _parse_fetch)
+                       limits.bucket_seconds, limits.bucket_ttl, os.urandom(8).hex(), worker,
+                       waiter_ttl_ms]
+    if not worker or waiter_ttl_ms <= 0:
+        return _call("fetch", k, args, _parse_fetch)
+
+    def parse(reply: list[Any]) -> Fetched:
+        fetched = _parse_fetch(reply)
+        return dataclasses.replace(fetched, offered=max(0, count - len(fetched.jobs)))
+
+    return _call("fetch", k, args, parse)
 
 
 @dataclass(frozen=True, slots=True)
