@@ -31,7 +31,9 @@ class QueueKeys:
     leases: str  # zset short id -> lease deadline (ms)
     dead: str  # zset short id -> time it died (ms)
     wake: str  # list holding at most one marker: "there may be work"
-    counts: str  # hash: ready (jobs waiting in ready lists), running (jobs leased now)
+    # hash: ready (jobs waiting in ready lists), running (jobs leased now), handed (jobs
+    # ever leased by an enqueue straight to an idle worker, scripts/include/handoff.lua)
+    counts: str
     active: str  # hash task -> jobs leased now
     idle: str  # hash task -> when a job of that task last finished (epoch s)
     seq: str  # counter for fencing tokens

@@ -253,19 +253,26 @@ class Worker:
 
     def take_handed(self, queue: str, handed: calls.Fetched) -> list[calls.Leased]:
         """Start jobs an enqueue handed to this worker; returns those beyond its free slots
-        (or all, once stopping), which the caller hands back."""
-        self.clock.observe(handed.now_ms)
+        (or all, once stopping), which the caller hands back. Jobs whose lease already
+        ended while the entry waited (a stopped process) are left to lease expiry."""
+        self.clock.passed(handed.now_ms)  # the entry may have waited in its list
         if handed.dead:
             self.outbox.notify_dead(queue, handed.dead)
         if handed.trimmed:
             self.outbox.notify_trimmed(queue, handed.trimmed)
+        jobs = [j for j in handed.jobs
+                if self.clock.seconds_until(handed.now_ms + j.visibility_ms) > 0]
+        if len(jobs) < len(handed.jobs):
+            log.warning("%d job(s) of %s were handed over %.1f s ago: their leases have ended",
+                        len(handed.jobs) - len(jobs), queue,
+                        -self.clock.seconds_until(handed.now_ms))
         free = 0 if self._stopping else max(0, self.free_slots())
-        for leased in handed.jobs[:free]:
+        for leased in jobs[:free]:
             self._start(queue, leased)
             # As a fetch's next due time would: look again when the lease ends, in case
             # this run stalls past it.
             self.due_at(queue, handed.now_ms + leased.visibility_ms)
-        return handed.jobs[free:]
+        return jobs[free:]
 
     async def _leave_waiting(self) -> None:
         """Unregister as a waiter and hand back what was handed over but not taken."""

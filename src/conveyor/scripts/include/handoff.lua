@@ -112,6 +112,7 @@ local function hand_off_builder()
       local list = k.handoff_prefix .. w.worker
       redis.call('RPUSH', list, handoff_entry(now, out, acc.jobs))
       redis.call('PEXPIRE', list, HANDOFF_TTL_MS)
+      if taken > 0 then redis.call('HINCRBY', k.counts, 'handed', taken) end
     end
     return taken, lim
   end
