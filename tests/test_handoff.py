@@ -13,6 +13,7 @@ import hashlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ import conveyor
 from apps.flow_app import VT, make_app, max_overlap, read_ledger
 from conveyor.scripts import calls, source
 from conveyor.worker.handoff import WAITER_TTL_MS
-from helpers import RedisServer, env_with_src, wait_until
+from helpers import RedisServer, env_with_src, running_worker, wait_until
 
 Q = "q"
 CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
@@ -299,3 +300,30 @@ def test_a_stopping_worker_unregisters(fapp: conveyor.Conveyor, workers: Workers
     assert proc.wait(20) == 0
     assert waiters(fapp) == []
     assert fapp.redis.hlen(fapp.keys("flow").waiter_offers) == 0
+
+
+def test_a_worker_handed_more_than_its_free_slots_hands_the_rest_back(
+    app: conveyor.Conveyor,
+) -> None:
+    gate = threading.Event()
+
+    @app.task(name="hold", queue=Q)
+    def hold() -> None:
+        gate.wait(20)
+
+    @app.task(name="quick", queue=Q)
+    def quick() -> str:
+        return "done"
+
+    with running_worker(app, queues=[Q], concurrency=1) as worker:
+        held = hold.enqueue()
+        wait_until(lambda: held.info().state == "active", 10, message="the slot taken")
+        # An offer gone stale (as when a fetch and a registration cross): 2 slots offered
+        # by a worker with none free.
+        register(app, worker.id, 2)
+        extra = quick.enqueue()
+        wait_until(lambda: extra.info().state == "ready", 10, message="the job handed back")
+        assert extra.info().attempts == 0  # a hand-back costs no attempt
+        gate.set()
+        assert extra.result(timeout=20) == "done"
+        assert extra.info().attempts == 1

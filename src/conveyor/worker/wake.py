@@ -74,7 +74,6 @@ async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) 
         try:
             if worker.stopping:
                 await asyncio.Event().wait()  # a stopping worker takes no more markers
-            keys = wake_keys
             if worker.free_slots() > 0:
                 # Offer the free slots once the worker's own fetches are done (an offer
                 # made during one would count slots the fetch is filling).
@@ -84,8 +83,9 @@ async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) 
                     now = await worker.waiting.register(runner, queues, slots)
                     if now is not None:
                         worker.clock.observe(now)
-                    keys = [*handoffs, *wake_keys]
-            reply = await client.blpop(keys, timeout=WAKE_BLOCK_SECONDS)
+            # Hand-off lists too when full: a job handed on an offer that went stale is
+            # handed back at once rather than wait for a free slot.
+            reply = await client.blpop([*handoffs, *wake_keys], timeout=WAKE_BLOCK_SECONDS)
             if reply is None:
                 await look_for_work(worker, client, queues)
             elif _text(reply[0]) in handoffs:
