@@ -125,6 +125,7 @@ class Worker:
             stopped (gracefully) so that its supervisor replaces it
         """
         self._loop = asyncio.get_running_loop()
+        self.waiting.enabled = not burst  # a burst worker leaves once idle: no offers
         self.nudge = asyncio.Event()
         self.slot_freed = asyncio.Event()  # a job finished: the wake listener may block again
         self.leased = asyncio.Event()  # a job was leased: its heartbeat may be due sooner
@@ -232,8 +233,8 @@ class Worker:
                 continue
             wakes = self._wakes
             fetched = await runner.run(calls.fetch(
-                self.app.keys(queue), free, self.app.limits, worker=self.id,
-                waiter_ttl_ms=WAITER_TTL_MS))
+                self.app.keys(queue), free, self.app.limits,
+                worker=self.id if self.waiting.enabled else "", waiter_ttl_ms=WAITER_TTL_MS))
             self.waiting.offered(queue, fetched.offered)
             self.clock.observe(fetched.now_ms)
             self.next_due[queue] = fetched.next_due_ms

@@ -45,6 +45,9 @@ class Waiting:
         self._keys = keys
         self.worker_id = worker_id
         self._offers: dict[str, tuple[int, float]] = {}  # queue -> (slots offered, when)
+        #: whether the worker takes hand-offs (a burst worker, which leaves once the queues
+        #: are empty, does not)
+        self.enabled = True
 
     def lists(self, queues: Iterable[str]) -> dict[str, str]:
         """Hand-off list name -> queue, for ``queues``."""
@@ -58,7 +61,7 @@ class Waiting:
         """Offer ``slots`` to the next enqueue of each of ``queues`` where no recent
         registration offers at most that many; the server time (ms) if any was made."""
         now = None
-        for queue in queues:
+        for queue in queues if self.enabled else ():
             offer = self._offers.get(queue)
             if offer is not None and offer[0] <= slots and \
                     time.monotonic() - offer[1] < RENEW_AFTER:
