@@ -87,6 +87,8 @@ def activity(app: conveyor.Conveyor, queues: int) -> None:
     finally:
         os.kill(worker.pid, signal.SIGKILL)  # its leases stand: active until they expire
         worker.wait(10)
+    for q in names:  # its registrations as an idle waiter would take the jobs below
+        app.redis.delete(app.keys(q).waiters, app.keys(q).waiter_offers)
     for q in names:
         app.tasks[f"{q}.ok"].options(delay=3600).enqueue_many([(n,) for n in range(3)])
         app.tasks[f"{q}.ok"].enqueue_many([(n,) for n in range(4)])

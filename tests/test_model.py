@@ -16,6 +16,12 @@ Workflows join in: small DAGs stored by ``workflow_enqueue``, their hand-overs d
 model says which nodes wait, are released or cancelled, and what the hand-over outbox
 holds.
 
+Idle workers waiting for hand-offs join in: a step registers the worker as a waiter (or a
+fetch does, offering the slots it left free), and every enqueue that makes jobs ready while
+the registration is live must lease to it exactly what a fetch of that many would, under
+the same limits, and push the jobs onto its hand-off list; paused, limited or lapsed, it
+hands nothing over and the registration stays.
+
 Flow control is part of it: a step sets or clears a queue cap and rate and a per-tenant
 cap and rate, each fetch must lease exactly what the limits allow (no fewer: a tenant at
 its limit never holds back another), the model keeps its own token buckets, and the
@@ -47,6 +53,8 @@ from helpers import RedisServer
 
 EXAMPLES = int(os.environ.get("CONVEYOR_MODEL_EXAMPLES", "75"))
 VT = 1000  # lease length (ms)
+WAITER_TTL = 2000  # ms: registrations lapse within a few time steps
+WORKER = "w"
 SNOOZE_CAP = 2
 TASKS = ("a", "b")
 
@@ -111,6 +119,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.buckets: dict[str, tuple[float, float]] = {}  # '' queue, tenant -> (tokens, ms)
         self.pending: list[str] = []  # workflow nodes that ended, not yet handed over
         self.traces: dict[str, str] = {}  # short id -> trace id of its enqueue ('' untraced)
+        self.waiter: tuple[int, float] | None = None  # slots offered, when it lapses (ms)
 
     def teardown(self) -> None:
         self.app.close()
@@ -132,9 +141,12 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(task=st.sampled_from(TASKS), priority=st.integers(0, 9),
           tenant=st.sampled_from(["", "t1", "t2"]), delay=st.sampled_from([0, 0, 500, 3000]),
           attempts=st.integers(1, 3), n=st.integers(1, 3),
-          key=st.sampled_from(["", "", "k1", "k2"]), traced=st.booleans())
+          key=st.sampled_from(["", "", "k1", "k2"]), traced=st.booleans(),
+          offer=st.sampled_from([0, 0, 1, 2, 3]))
     def enqueue(self, task: str, priority: int, tenant: str, delay: int, attempts: int,
-                n: int, key: str, traced: bool) -> None:
+                n: int, key: str, traced: bool, offer: int) -> None:
+        if offer:  # an idle worker waits for this enqueue, offering that many slots
+            self.register_waiter(offer)
         if key:
             n = 1  # a dedupe key names one job
         trace = f"{self.serial + 1:032x}" if traced else ""  # one per call, like a span's
@@ -156,6 +168,30 @@ class QueueMachine(RuleBasedStateMachine):
                                         attempts, tenant, due=self.now + delay, key=key)
         if key:
             self.keys[key] = batch[0][0]
+        self._check_hand_off(0 if delay else len(batch))
+
+    def _check_hand_off(self, made_ready: int) -> None:
+        """What the enqueue that made ``made_ready`` jobs ready handed to the waiter."""
+        entries = self.app.redis.lrange(self.k.handoff(WORKER), 0, -1)
+        self.app.redis.delete(self.k.handoff(WORKER))
+        live = self.waiter is not None and self.waiter[1] > self.now
+        if not live or self.paused or made_ready == 0:
+            assert entries == []
+            return
+        assert self.waiter is not None
+        ready = {i for i, j in self.jobs.items() if j.state == "ready"}
+        expected = self._expected_leases(min(self.waiter[0], made_ready), ready)
+        if expected == 0:
+            assert entries == []  # the registration stays for a later enqueue
+            return
+        [entry] = entries
+        self._take(calls.parse_handoff(entry).jobs, expected, ready)
+        self.waiter = None  # a registration serves one enqueue
+
+    @rule(slots=st.integers(1, 3))
+    def register_waiter(self, slots: int) -> None:
+        self.run(calls.register_waiter(self.k, WORKER, slots, WAITER_TTL, now=self.now))
+        self.waiter = (slots, self.now + WAITER_TTL)
 
     @rule(ms=st.sampled_from([10, 400, 1100, 3500]))
     def advance_time(self, ms: int) -> None:
@@ -225,17 +261,26 @@ class QueueMachine(RuleBasedStateMachine):
         eligible = sum(min(n, self._allowance(t)) for t, n in by_tenant.items())
         return int(min(room, eligible))
 
-    @rule(count=st.integers(1, 4))
-    def fetch(self, count: int) -> None:
+    @rule(count=st.integers(1, 4), as_waiter=st.booleans())
+    def fetch(self, count: int, as_waiter: bool) -> None:
         self._reclaim_and_promote()
         ready = {i for i, j in self.jobs.items() if j.state == "ready"}
         expected = self._expected_leases(count, ready)
-        fetched = self.run(calls.fetch(self.k, count, self.limits, now=self.now))
+        fetched = self.run(calls.fetch(self.k, count, self.limits, now=self.now,
+                                       worker=WORKER if as_waiter else "",
+                                       waiter_ttl_ms=WAITER_TTL if as_waiter else 0))
         assert isinstance(fetched, calls.Fetched)
-        leased = [job.short_id for job in fetched.jobs]
+        if as_waiter:  # the fetch offers the slots it left free, or takes the offer back
+            left = count - len(fetched.jobs)
+            self.waiter = (left, self.now + WAITER_TTL) if left > 0 else None
         if self.paused:
-            assert leased == [], "a paused queue handed out a job"
+            assert fetched.jobs == [], "a paused queue handed out a job"
             return
+        self._take(fetched.jobs, expected, ready)
+
+    def _take(self, jobs: list[calls.Leased], expected: int, ready: set[str]) -> None:
+        """Check leases handed out (by a fetch or a hand-off) and apply them to the model."""
+        leased = [job.short_id for job in jobs]
         assert len(leased) == expected, (leased, ready, self.cap, self.tenant_cap)
         assert set(leased) <= ready
         # Higher priorities first, among the jobs a cap did not hold back.
@@ -246,7 +291,7 @@ class QueueMachine(RuleBasedStateMachine):
             assert min(self.jobs[i].priority for i in leased) >= max(
                 self.jobs[i].priority for i in rest)
         self._consume(leased)
-        for job in fetched.jobs:
+        for job in jobs:
             model = self.jobs[job.short_id]
             assert job.token not in model.tokens, "a fencing token was handed out twice"
             model.state, model.lease = "active", self.now + VT
@@ -505,6 +550,13 @@ class QueueMachine(RuleBasedStateMachine):
             recorded = {f.decode().split("~")[1] for f in redis.hkeys(self.k.waiting(short_id))}
             assert recorded == set(self.jobs[short_id].recorded), short_id
         assert members["dead"] == by_state.get("dead", set())
+        offer = redis.hget(self.k.waiter_offers, WORKER)
+        score = redis.zscore(self.k.waiters, WORKER)
+        if self.waiter is None:
+            assert offer is None and score is None
+        else:
+            assert offer is not None and int(offer.split(b":")[0]) == self.waiter[0]
+            assert score == self.waiter[1]
         # Every finished job's event carries the trace id its enqueue call was given.
         for _, event in redis.xrange(self.k.events):
             short_id = event[b"id"].decode()

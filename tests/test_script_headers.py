@@ -44,7 +44,11 @@ def test_script_starts_with_shebang_and_stays_small(name: str) -> None:
     assert first == "#!lua" or (first == "#!lua flags=allow-oom" and name == "purge_dead")
     assert "--@include" not in text
     own = (resources.files("conveyor.scripts") / f"{name}.lua").read_text()
-    assert len(own.splitlines()) <= 130, f"{name}.lua is too long; move helpers to include/"
+    # The header names every KEYS and ARGV entry, so it grows with what a script touches;
+    # the bound that keeps a script readable is on its code.
+    code = [line for line in own.splitlines() if not line.startswith("--")]
+    assert len(code) <= 100, f"{name}.lua is too long; move helpers to include/"
+    assert len(own.splitlines()) <= 160, f"{name}.lua is too long; move helpers to include/"
 
 
 def test_every_lua_file_is_registered() -> None:

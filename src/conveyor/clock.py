@@ -61,6 +61,12 @@ class ServerClock:
         """Record the server time carried by a reply that has just arrived."""
         self._offset = server_ms / 1000 - time.monotonic()
 
+    def passed(self, server_ms: float) -> None:
+        """Record a time the server's clock has reached by now, from a reply that may have
+        waited before it was read: it can only move the estimate forward."""
+        if self._offset is None or server_ms / 1000 > self.now():
+            self.observe(server_ms)
+
     def refresh(self, client: Any) -> float:
         """Ask the server for its time (synchronous client) and return it."""
         now = server_now(client)

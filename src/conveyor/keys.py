@@ -31,7 +31,9 @@ class QueueKeys:
     leases: str  # zset short id -> lease deadline (ms)
     dead: str  # zset short id -> time it died (ms)
     wake: str  # list holding at most one marker: "there may be work"
-    counts: str  # hash: ready (jobs waiting in ready lists), running (jobs leased now)
+    # hash: ready (jobs waiting in ready lists), running (jobs leased now), handed (jobs
+    # ever leased by an enqueue straight to an idle worker, scripts/include/handoff.lua)
+    counts: str
     active: str  # hash task -> jobs leased now
     idle: str  # hash task -> when a job of that task last finished (epoch s)
     seq: str  # counter for fencing tokens
@@ -50,6 +52,9 @@ class QueueKeys:
     buckets: str  # hash: token-bucket state, '' the queue's, 't:' + tenant a tenant's
     running: str  # hash tenant -> jobs of that tenant leased now (the queue's in counts)
     parked: str  # zset '<priority>:<tenant>' -> when to look at it again (ms)
+    waiters: str  # zset worker id -> when its registration as a waiter lapses (ms)
+    waiter_offers: str  # hash worker id -> '<free slots>:<nonce>' it offers
+    handoff_prefix: str  # + worker id -> list of jobs handed to that idle worker
 
     def job(self, short_id: str) -> str:
         return self.job_prefix + short_id
@@ -63,6 +68,10 @@ class QueueKeys:
 
     def waiting(self, short_id: str) -> str:
         return self.waiting_prefix + short_id
+
+    def handoff(self, worker_id: str) -> str:
+        """List of jobs an enqueue handed to the idle worker ``worker_id``."""
+        return self.handoff_prefix + worker_id
 
     def metrics(self, bucket: int) -> str:
         return f"{self.metrics_prefix}{bucket}"
@@ -119,6 +128,9 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
         buckets=f"{tag}:buckets",
         running=f"{tag}:running",
         parked=f"{tag}:parked",
+        waiters=f"{tag}:waiters",
+        waiter_offers=f"{tag}:offers",
+        handoff_prefix=f"{tag}:handoff:",
     )
 
 

@@ -111,7 +111,8 @@ def counters(client: Any, keys: QueueKeys, dead_records: int) -> Counters:
                     ready_listed=listed, active=active, leased=dict(leased),
                     dead_letters=int(client.zcard(keys.dead)), dead_records=dead_records,
                     running=int(client.hget(keys.counts, "running") or 0),
-                    running_tenants=running, leased_tenants=dict(tenants))
+                    running_tenants=running, leased_tenants=dict(tenants),
+                    handed=int(client.hget(keys.counts, "handed") or 0))
 
 
 def ledger_entries(ledger: redis.Redis) -> list[LedgerEntry]:

@@ -65,6 +65,7 @@ class Counters:
     running: int = 0  # counts.running: the queue's running count for its limits
     running_tenants: dict[str, int] = field(default_factory=dict)  # running hash
     leased_tenants: dict[str, int] = field(default_factory=dict)  # leases per tenant
+    handed: int = 0  # counts.handed: jobs an enqueue handed straight to an idle worker
 
 
 @dataclass(slots=True)

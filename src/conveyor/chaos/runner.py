@@ -260,7 +260,8 @@ class ChaosRun:
                         edges=list(producer.edges))
 
     def _verdict(self, tasks: ChaosTasks, producer: Producer, seconds: float) -> int:
-        checks, summary = check(self._evidence(tasks, producer))
+        evidence = self._evidence(tasks, producer)
+        checks, summary = check(evidence)
         checks.append(Check("the run's own machinery worked", not self.errors,
                             "; ".join(self.errors) or "no errors"))
         fault_log = self.folder / "faults.log"
@@ -268,7 +269,9 @@ class ChaosRun:
         extra = {"enqueue calls that raised": f"{producer.failed_calls} (their jobs are not"
                  " counted; any they stored is checked as a stray record)",
                  "worker restarts": f"{self.restarts} by the run (supervised children are"
-                                    " replaced by their supervisor)"}
+                                    " replaced by their supervisor)",
+                 "hand-offs": f"{evidence.counters.handed} jobs leased by an enqueue straight"
+                              " to an idle worker"}
         print_report(self.console, self.faults, self.skipped, checks, summary, self.seed,
                      seconds, extra)
         failed = [c for c in checks if not c.held]

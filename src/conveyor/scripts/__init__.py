@@ -40,6 +40,7 @@ SCRIPT_NAMES = (
     "workflow_release",
     "workflow_settle",
     "set_limits",
+    "register_waiter",
 )
 
 

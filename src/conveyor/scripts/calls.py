@@ -8,6 +8,7 @@ entries, both in the order of the script's header (a test checks them against th
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,10 +20,13 @@ from . import Arg, ScriptCall
 
 KEYS: dict[str, tuple[str, ...]] = {
     "enqueue": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "counts",
-                "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix", "throttle_prefix"),
+                "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix", "throttle_prefix",
+                "leases", "dead", "active", "seq", "events", "paused", "limits", "buckets",
+                "running", "parked", "waiters", "waiter_offers", "handoff_prefix"),
     "fetch": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "leases",
               "dead", "counts", "active", "seq", "dedupe_prefix", "events", "metrics_prefix",
-              "wake", "paused", "limits", "buckets", "running", "parked"),
+              "wake", "paused", "limits", "buckets", "running", "parked", "waiters",
+              "waiter_offers"),
     "finish": ("job_prefix", "leases", "delayed", "dead", "active", "idle", "dedupe_prefix",
                "events", "metrics_prefix", "wake", "counts", "running", "parked", "limits",
                "ready_prefix", "ring_prefix", "priorities"),
@@ -43,6 +47,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "workflow_settle": ("workflow_prefix",),
     "set_limits": ("limits", "buckets", "parked", "ready_prefix", "ring_prefix", "priorities",
                    "wake", "counts"),
+    "register_waiter": ("waiters", "waiter_offers"),
 }
 # The fixed ARGV of each script, in the order of its header (a test compares the fields
 # with the .lua files); what follows them (the jobs, outcomes, ... a call carries) is
@@ -66,6 +71,8 @@ class EnqueueArgv(NamedTuple):
     debounce_max_ms: str
     throttle_ms: str
     trace: str
+    dead_cap: int
+    events_maxlen: int
     jobs: int
 
 
@@ -77,6 +84,8 @@ class FetchArgv(NamedTuple):
     bucket_seconds: int
     bucket_ttl: int
     nonce: str
+    worker: str
+    waiter_ttl_ms: int
 
 
 class FinishArgv(NamedTuple):
@@ -154,6 +163,14 @@ class SetLimitsArgv(NamedTuple):
     changes: int
 
 
+class RegisterWaiterArgv(NamedTuple):
+    now: str
+    worker: str
+    slots: int
+    nonce: str
+    ttl_ms: int
+
+
 ARGV: dict[str, type[tuple[Any, ...]]] = {
     "enqueue": EnqueueArgv,
     "fetch": FetchArgv,
@@ -169,6 +186,7 @@ ARGV: dict[str, type[tuple[Any, ...]]] = {
     "workflow_release": WorkflowReleaseArgv,
     "workflow_settle": WorkflowSettleArgv,
     "set_limits": SetLimitsArgv,
+    "register_waiter": RegisterWaiterArgv,
 }
 
 
@@ -274,7 +292,8 @@ def enqueue(
         delay_ms=_opt(spec.delay_ms), at_ms=_opt(spec.at_ms), max_attempts=spec.max_attempts,
         key=spec.key, visibility_ms=spec.visibility_ms, debounce_ms=_opt(spec.debounce_ms),
         debounce_max_ms=_opt(spec.debounce_max_ms), throttle_ms=_opt(spec.throttle_ms),
-        trace=spec.trace, jobs=len(jobs))
+        trace=spec.trace, dead_cap=limits.dead_cap, events_maxlen=limits.events_maxlen,
+        jobs=len(jobs))
     rest: list[Arg] = []
     for short_id, encoded in jobs:
         rest.append(short_id)
@@ -314,6 +333,7 @@ class Fetched:
     jobs: list[Leased]
     trimmed: list[str] = field(default_factory=list)
     held: bool = False  # limits held back ready jobs (they start when a limit frees)
+    offered: int = 0  # free slots the fetch registered the worker as a waiter with
 
 
 def _float(value: Any, default: float = 0.0) -> float:
@@ -364,13 +384,61 @@ def _parse_fetch(reply: list[Any]) -> Fetched:
     )
 
 
+def parse_handoff(entry: bytes) -> Fetched:
+    """A hand-off list entry (include/handoff.lua): fields framed as ``<length>:<bytes>``;
+    now, the dead and the trimmed ids (each a count, then the ids), 9 fields per job.
+
+    :raises ValueError: a mangled entry
+    """
+    fields: list[bytes] = []
+    at = 0
+    while at < len(entry):
+        colon = entry.index(b":", at)
+        end = colon + 1 + int(entry[at:colon])
+        if end > len(entry):
+            raise ValueError("hand-off entry cut short")
+        fields.append(entry[colon + 1:end])
+        at = end
+    n_dead = int(fields[1])
+    dead = fields[2:2 + n_dead]
+    n_trimmed = int(fields[2 + n_dead])
+    flat = fields[3 + n_dead + n_trimmed:]
+    if len(flat) % 9:
+        raise ValueError("hand-off entry with a partial job")
+    return Fetched(
+        now_ms=float(fields[0]), next_due_ms=None, dead=[_text(d) for d in dead],
+        jobs=[_leased(flat[i:i + 9]) for i in range(0, len(flat), 9)],
+        trimmed=[_text(t) for t in fields[3 + n_dead:3 + n_dead + n_trimmed]],
+    )
+
+
+def register_waiter(
+    k: QueueKeys, worker: str, slots: int, ttl_ms: int, now: float | None = None
+) -> ScriptCall[float]:
+    """Register an idle worker as a waiter of the queue offering ``slots`` (replacing its
+    registration, if any); the reply is the server time (ms). A fresh nonce per
+    registration keeps the fencing tokens it is handed unique."""
+    fixed = RegisterWaiterArgv(_now(now), worker, slots, _nonce(), ttl_ms)
+    return _call("register_waiter", k, fixed, (), float)
+
+
 def fetch(
-    k: QueueKeys, count: int, limits: Limits, now: float | None = None
+    k: QueueKeys, count: int, limits: Limits, now: float | None = None, worker: str = "",
+    waiter_ttl_ms: int = 0,
 ) -> ScriptCall[Fetched]:
-    """Lease up to ``count`` jobs (after promotion and lease reclaim)."""
+    """Lease up to ``count`` jobs (after promotion and lease reclaim). With a ``worker``
+    id, the worker's registration as a waiter of the queue is replaced: the slots the fetch
+    left free are offered to the next enqueue (``Fetched.offered``), or none."""
     fixed = FetchArgv(_now(now), count, limits.dead_cap, limits.events_maxlen,
-                      limits.bucket_seconds, limits.bucket_ttl, _nonce())
-    return _call("fetch", k, fixed, (), _parse_fetch)
+                      limits.bucket_seconds, limits.bucket_ttl, _nonce(), worker, waiter_ttl_ms)
+    if not worker or waiter_ttl_ms <= 0:
+        return _call("fetch", k, fixed, (), _parse_fetch)
+
+    def parse(reply: list[Any]) -> Fetched:
+        fetched = _parse_fetch(reply)
+        return dataclasses.replace(fetched, offered=max(0, count - len(fetched.jobs)))
+
+    return _call("fetch", k, fixed, (), parse)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,19 @@
 -- KEYS[9] metrics_prefix  metric buckets
 -- KEYS[10] schedule_prefix last fired tick per periodic: schedule_prefix .. name -> ms
 -- KEYS[11] throttle_prefix throttle windows: throttle_prefix .. key -> short id (expires)
+-- KEYS[12] leases
+-- KEYS[13] dead
+-- KEYS[14] active
+-- KEYS[15] seq
+-- KEYS[16] events
+-- KEYS[17] paused
+-- KEYS[18] limits
+-- KEYS[19] buckets
+-- KEYS[20] running
+-- KEYS[21] parked
+-- KEYS[22] waiters
+-- KEYS[23] waiter_offers
+-- KEYS[24] handoff_prefix
 -- ARGV[1] now             '' for the server clock (ms override, tests only)
 -- ARGV[2] bucket_seconds  width of a metric bucket
 -- ARGV[3] bucket_ttl      lifetime of a metric bucket (s)
@@ -33,7 +46,9 @@
 -- ARGV[16] debounce_max_ms '' or: ... but no later than this long after the first one
 -- ARGV[17] throttle_ms    '' or: with a key, the key stays taken this long from the first
 -- ARGV[18] trace          '' or the trace id (32 hex chars) of the call, for the sink
--- ARGV[19] jobs           number of jobs that follow, 2 fields each: short id, args
+-- ARGV[19] dead_cap       most dead letters kept (a hand-off may meet a bad record)
+-- ARGV[20] events_maxlen  approximate cap of the events stream
+-- ARGV[21] jobs           number of jobs that follow, 2 fields each: short id, args
 -- Returns: the number of jobs stored (all of them); or, when a held dedupe key or a taken
 --          claim stops it, a list: { short id of the job holding the key, 0 } or {}
 --@include clock
@@ -42,6 +57,7 @@
 --@include metrics
 --@include keyed
 --@include enqueue_checks
+--@include handoff
 
 local job_prefix, ready_prefix, ring_prefix = KEYS[1], KEYS[2], KEYS[3]
 local priorities, delayed, counts = KEYS[4], KEYS[5], KEYS[6]
@@ -52,8 +68,8 @@ local task, priority, tenant = ARGV[7], tonumber(ARGV[8]), ARGV[9]
 local delay_ms, at_ms, max_attempts = ARGV[10], ARGV[11], tonumber(ARGV[12])
 local key, visibility_ms = ARGV[13], tonumber(ARGV[14])
 local debounce_ms, debounce_max_ms = tonumber(ARGV[15]), tonumber(ARGV[16])
-local throttle_ms, trace, n_jobs = tonumber(ARGV[17]), ARGV[18], tonumber(ARGV[19])
-local FIRST = 20
+local throttle_ms, trace, n_jobs = tonumber(ARGV[17]), ARGV[18], tonumber(ARGV[21])
+local FIRST = 22
 
 -- Validate everything before the first write: a script is never half-applied.
 local problem = enqueue_problem(FIRST)
@@ -120,6 +136,6 @@ if n_jobs > 0 then
   local tally = new_tally()
   count(tally, task, 'enqueued', n_jobs)
   write_tally(tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
-  wake_one(wake)
+  enqueue_hand_off(now, scheduled and 0 or n_jobs)  -- or wake a worker
 end
 return n_jobs

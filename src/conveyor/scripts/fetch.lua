@@ -26,6 +26,8 @@
 -- KEYS[17] buckets
 -- KEYS[18] running
 -- KEYS[19] parked
+-- KEYS[20] waiters
+-- KEYS[21] waiter_offers
 -- ARGV[1] now             '' for the server clock (ms override, tests only)
 -- ARGV[2] want            most jobs to lease (the worker's free slots)
 -- ARGV[3] dead_cap        most dead letters kept
@@ -33,6 +35,10 @@
 -- ARGV[5] bucket_seconds  width of a metric bucket
 -- ARGV[6] bucket_ttl      lifetime of a metric bucket (s)
 -- ARGV[7] nonce           random text of this call, part of every token it hands out
+-- ARGV[8] worker          '' or the worker's id: its registration as a waiter
+--                         (include/handoff.lua) is replaced, offering the slots this call
+--                         leaves free (count - jobs leased), or removed when none are
+-- ARGV[9] waiter_ttl_ms   how long that registration holds
 -- Limits (flow.lua) are decided here, atomically with priorities and tenant turns; the next
 -- due time includes when a parked tenant or the queue's bucket has a token again.
 -- Returns: { now_ms, next_due_ms ('' if none), dead short ids (lost leases, bad records),
@@ -49,12 +55,14 @@
 --@include maintain
 --@include flow_claim
 --@include lease
+--@include handoff
 
 local k = { job_prefix = KEYS[1], ready_prefix = KEYS[2], ring_prefix = KEYS[3],
   priorities = KEYS[4], delayed = KEYS[5], leases = KEYS[6], dead = KEYS[7],
   counts = KEYS[8], active = KEYS[9], seq = KEYS[10], dedupe_prefix = KEYS[11],
   events = KEYS[12], metrics_prefix = KEYS[13], wake = KEYS[14], paused = KEYS[15],
-  limits = KEYS[16], buckets = KEYS[17], running = KEYS[18], parked = KEYS[19] }
+  limits = KEYS[16], buckets = KEYS[17], running = KEYS[18], parked = KEYS[19],
+  waiters = KEYS[20], waiter_offers = KEYS[21] }
 local want, nonce = tonumber(ARGV[2]), ARGV[7]
 local cfg = { dead_cap = tonumber(ARGV[3]), events_maxlen = tonumber(ARGV[4]),
   bucket_seconds = tonumber(ARGV[5]), bucket_ttl = tonumber(ARGV[6]) }
@@ -101,6 +109,7 @@ if redis.call('EXISTS', k.paused) == 0 then
   if not held then refill = nil end
 end
 write_tally(tally, bucket_key(k.metrics_prefix, now, cfg.bucket_seconds), cfg.bucket_ttl)
+renew_waiter(k, ARGV[8], want - taken, nonce, now, tonumber(ARGV[9]))
 
 local next_due = refill or ''
 for _, set in ipairs({ k.delayed, k.leases, k.parked }) do

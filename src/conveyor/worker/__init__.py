@@ -26,6 +26,7 @@ from ..scripts import calls
 from ..workflow.handover import HandOvers
 from .backoff import REDIS_ERRORS, pause_after
 from .executor import Executor, Held
+from .handoff import WAITER_TTL_MS, Waiting
 from .leases import keep_leases
 from .loops import LoopDied, Loops
 from .outbox import Outbox
@@ -85,6 +86,7 @@ class Worker:
         self.next_due: dict[str, float | None] = {}
         self._rotation = 0
         self.started = threading.Event()
+        self.waiting = Waiting(app.keys, self.id)  # registrations for jobs handed over
 
     # -- entry points ----------------------------------------------------------------------
 
@@ -123,9 +125,11 @@ class Worker:
             stopped (gracefully) so that its supervisor replaces it
         """
         self._loop = asyncio.get_running_loop()
+        self.waiting.enabled = not burst  # a burst worker leaves once idle: no offers
         self.nudge = asyncio.Event()
         self.slot_freed = asyncio.Event()  # a job finished: the wake listener may block again
         self.leased = asyncio.Event()  # a job was leased: its heartbeat may be due sooner
+        self.idle = asyncio.Event()  # the consumer waits: no fetch of its own is under way
         self._more = dict.fromkeys(self.queues, True)
         self.next_due = dict.fromkeys(self.queues)
         client, runner = self.app.aredis(), self.app.ascripts()
@@ -156,6 +160,7 @@ class Worker:
             await self._consume(runner, burst)
             await self._drain()
         finally:
+            await self._leave_waiting()
             await self.outbox.flush_all()
             self.outbox.close()
             await self.loops.cancel()
@@ -227,7 +232,10 @@ class Worker:
             if not self._more[queue] and not self._is_due(queue):
                 continue
             wakes = self._wakes
-            fetched = await runner.run(calls.fetch(self.app.keys(queue), free, self.app.limits))
+            fetched = await runner.run(calls.fetch(
+                self.app.keys(queue), free, self.app.limits,
+                worker=self.id if self.waiting.enabled else "", waiter_ttl_ms=WAITER_TTL_MS))
+            self.waiting.offered(queue, fetched.offered)
             self.clock.observe(fetched.now_ms)
             self.next_due[queue] = fetched.next_due_ms
             # A wake-up that came while the fetch was on the wire may be for a job stored
@@ -243,6 +251,38 @@ class Worker:
             took = took or bool(fetched.jobs)
         self._rotation = (self._rotation + 1) % n
         return took
+
+    def take_handed(self, queue: str, handed: calls.Fetched) -> list[calls.Leased]:
+        """Start jobs an enqueue handed to this worker; returns those beyond its free slots
+        (or all, once stopping), which the caller hands back. Jobs whose lease already
+        ended while the entry waited (a stopped process) are left to lease expiry."""
+        self.clock.passed(handed.now_ms)  # the entry may have waited in its list
+        if handed.dead:
+            self.outbox.notify_dead(queue, handed.dead)
+        if handed.trimmed:
+            self.outbox.notify_trimmed(queue, handed.trimmed)
+        jobs = [j for j in handed.jobs
+                if self.clock.seconds_until(handed.now_ms + j.visibility_ms) > 0]
+        if len(jobs) < len(handed.jobs):
+            log.warning("%d job(s) of %s were handed over %.1f s ago: their leases have ended",
+                        len(handed.jobs) - len(jobs), queue,
+                        -self.clock.seconds_until(handed.now_ms))
+        free = 0 if self._stopping else max(0, self.free_slots())
+        for leased in jobs[:free]:
+            self._start(queue, leased)
+            # As a fetch's next due time would: look again when the lease ends, in case
+            # this run stalls past it.
+            self.due_at(queue, handed.now_ms + leased.visibility_ms)
+        return jobs[free:]
+
+    async def _leave_waiting(self) -> None:
+        """Unregister as a waiter and hand back what was handed over but not taken."""
+        with contextlib.suppress(*REDIS_ERRORS):
+            async with asyncio.timeout(2.0):
+                left = await self.waiting.leave(self.app.aredis(), self.queues)
+                for queue, jobs in left.items():
+                    await self.app.ascripts().run(calls.release(
+                        self.app.keys(queue), [(j.short_id, j.token) for j in jobs]))
 
     def _is_due(self, queue: str) -> bool:
         due = self.next_due.get(queue)
@@ -294,8 +334,7 @@ class Worker:
         del self.held[key]
         self._more[held.queue] = self._more[held.queue] or len(self.held) == 0
         self.slot_freed.set()
-        assert self.nudge is not None
-        self.nudge.set()
+        self._nudge()
 
     def _cancel(self, held: Held) -> None:
         """Someone cancelled a job held here (its heartbeat said so): end the run now. An
@@ -325,15 +364,25 @@ class Worker:
         if self.held and not any(self._more.values()):
             # Busy but the queues looked empty: look again now and then for new work.
             timeout = WAKE_BLOCK_SECONDS if timeout is None else min(timeout, WAKE_BLOCK_SECONDS)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.nudge.wait(), timeout)
+        if not self.nudge.is_set():
+            self.idle.set()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.nudge.wait(), timeout)
+        finally:
+            self.idle.clear()
 
     def wake_all(self) -> None:
         """Look at every queue again now (a wake marker arrived, or Redis came back)."""
         for queue in self.queues:
             self._more[queue] = True
         self._wakes += 1
+        self._nudge()
+
+    def _nudge(self) -> None:
+        """Wake the consumer; it is no longer idle until it has fetched and sleeps again."""
         assert self.nudge is not None
+        self.idle.clear()
         self.nudge.set()
 
     def _slot_back(self) -> None:
@@ -344,8 +393,7 @@ class Worker:
         """``queue`` has ready jobs: fetch from it at the next chance."""
         self._more[queue] = True
         self._wakes += 1
-        assert self.nudge is not None
-        self.nudge.set()
+        self._nudge()
 
     def _nodes_ready(self, queue: str) -> None:
         """A hand-over made workflow nodes ready in ``queue``."""
@@ -366,6 +414,7 @@ class Worker:
         """After a stop: hand back at once the jobs that have not started, give running
         ones the grace period, then interrupt the rest. Every job goes back to its queue
         without using up an attempt (a shutdown never dead-letters a job)."""
+        await self._leave_waiting()  # no more hand-overs to a worker on its way out
         unstarted = [h for h in list(self.held.values()) if h.withdraw(running_too=False)]
         for held in unstarted:
             del self.held[(held.queue, held.leased.short_id)]

@@ -5,6 +5,12 @@ a few commands a minute and starts new work within milliseconds of its enqueue. 
 Redis Cluster one BLPOP may only name keys of one slot, so there the worker blocks once
 per slot its queues hash to (in practice once per queue), each as cheap as the one BLPOP.
 
+An idle worker with free slots also waits for jobs handed to it (:mod:`.handoff`): it is
+registered as a waiter of its queues and blocks on its own hand-off lists in the same
+BLPOP, so an enqueue that finds it leases the new job to it and the pop returns the job
+ready to run, with no fetch in between. The registration costs nothing while idle: the
+worker's own fetch makes it, and it is renewed only every few minutes.
+
 A marker wakes one worker, so no worker may sit on one: a worker that is stopping or has
 no free slot passes the marker on, and a stopping worker leaves one behind for each of
 its queues (a marker popped as it stopped would otherwise be lost with its connection).
@@ -24,7 +30,9 @@ from typing import TYPE_CHECKING, Any
 from redis.crc import key_slot
 
 from .. import clients
+from ..scripts import calls
 from .backoff import REDIS_ERRORS, pause_after
+from .handoff import parse as parse_handoff
 
 if TYPE_CHECKING:
     from . import Worker
@@ -59,14 +67,29 @@ def _by_slot(worker: Worker) -> list[list[str]]:
 
 async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) -> None:
     wake_keys = [worker.app.keys(q).wake for q in queues]
+    handoffs = worker.waiting.lists(queues)
+    runner = worker.app.ascripts()
     failures = 0
     while True:
         try:
             if worker.stopping:
                 await asyncio.Event().wait()  # a stopping worker takes no more markers
-            reply = await client.blpop(wake_keys, timeout=WAKE_BLOCK_SECONDS)
+            if worker.free_slots() > 0:
+                # Offer the free slots once the worker's own fetches are done (an offer
+                # made during one would count slots the fetch is filling).
+                await worker.idle.wait()
+                slots = worker.free_slots()
+                if slots > 0 and not worker.stopping:
+                    now = await worker.waiting.register(runner, queues, slots)
+                    if now is not None:
+                        worker.clock.observe(now)
+            # Hand-off lists too when full: a job handed on an offer that went stale is
+            # handed back at once rather than wait for a free slot.
+            reply = await client.blpop([*handoffs, *wake_keys], timeout=WAKE_BLOCK_SECONDS)
             if reply is None:
                 await look_for_work(worker, client, queues)
+            elif _text(reply[0]) in handoffs:
+                await _take_handed(worker, runner, handoffs[_text(reply[0])], reply[1])
             elif worker.stopping or worker.free_slots() <= 0:
                 await _pass_on(client, reply[0])
                 await _wait_for_a_free_slot(worker)
@@ -80,6 +103,22 @@ async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) 
                     "wake listener: %s: %s; retrying in %.2f s", type(exc).__name__, exc, pause)
             await asyncio.sleep(pause)
             worker.wake_all()  # markers may have been missed meanwhile
+
+
+async def _take_handed(worker: Worker, runner: Any, queue: str, entry: bytes) -> None:
+    """Start the jobs an enqueue handed over; hand back those beyond the free slots."""
+    worker.waiting.offered(queue, 0)  # the enqueue used the registration
+    handed = parse_handoff(entry)
+    if handed is None:
+        return
+    extra = worker.take_handed(queue, handed)
+    if extra:
+        await runner.run(calls.release(worker.app.keys(queue),
+                                       [(job.short_id, job.token) for job in extra]))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def _pass_on(client: Any, wake_key: Any) -> None:

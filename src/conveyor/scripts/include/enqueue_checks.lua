@@ -32,6 +32,9 @@ local function enqueue_problem(FIRST)
   for i = 0, n_jobs - 1 do
     if ARGV[FIRST + i * 2] == '' then return 'job ' .. i .. ' has no id' end
   end
+  if not tonumber(ARGV[19]) or not tonumber(ARGV[20]) then
+    return 'dead_cap and events_maxlen must be numbers'
+  end
   if ARGV[4] ~= '' and not tonumber(ARGV[5]) then return 'claim_tick must be a number' end
   if ARGV[18] ~= '' and not string.match(ARGV[18], '^' .. string.rep('%x', 32) .. '$') then
     return 'trace must be empty or 32 hex digits'

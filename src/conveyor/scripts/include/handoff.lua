@@ -1,0 +1,155 @@
+-- Handing new jobs straight to an idle worker, inside the enqueue that made them ready.
+--
+-- An idle worker with free slots registers as a waiter of a queue: its id in the waiters
+-- zset, scored with when the registration lapses, and '<slots>:<nonce>' in the offers hash
+-- (register_waiter.lua, and every fetch of the worker, which offers the slots it leaves
+-- free). It then blocks on its hand-off list (handoff_prefix .. worker id) as well as the
+-- wake key. An enqueue that finds a live waiter leases up to that many ready jobs to it
+-- exactly as fetch does (same claim, limits, fencing tokens, running counts) and pushes
+-- them, ready to run, onto the worker's hand-off list: the worker's blocking pop returns
+-- them without a further round trip. A registration serves one enqueue. A job handed to a
+-- worker that died meanwhile is leased like any other, so lease expiry brings it back.
+--@include ready
+
+local function drop_waiter(k, worker)
+  redis.call('ZREM', k.waiters, worker)
+  redis.call('HDEL', k.waiter_offers, worker)
+end
+
+local function offer_slots(k, worker, slots, nonce, now, ttl_ms)
+  redis.call('ZADD', k.waiters, now + ttl_ms, worker)
+  redis.call('HSET', k.waiter_offers, worker, slots .. ':' .. nonce)
+end
+
+-- A worker's registration after its fetch: the slots it offered are being filled, so it
+-- now offers those the fetch left free, if any.
+local function renew_waiter(k, worker, slots, nonce, now, ttl_ms)
+  if worker == '' then return end
+  if slots > 0 and ttl_ms and ttl_ms > 0 then
+    offer_slots(k, worker, slots, nonce, now, ttl_ms)
+  else
+    drop_waiter(k, worker)
+  end
+end
+
+-- The live waiter registered last (the likeliest still to be there), as { worker, slots,
+-- nonce }; one whose offer is missing or mangled is removed and skipped.
+local function live_waiter(k, now)
+  for _ = 1, 3 do
+    local found = redis.call('ZRANGE', k.waiters, '+inf', string.format('(%.3f', now),
+      'BYSCORE', 'REV', 'LIMIT', 0, 1)
+    if #found == 0 then return nil end
+    local offer = redis.call('HGET', k.waiter_offers, found[1])
+    local slots, nonce = string.match(offer or '', '^(%d+):(%x+)$')
+    slots = tonumber(slots)
+    if slots and slots > 0 and slots <= 100000 then
+      return { worker = found[1], slots = slots, nonce = nonce }
+    end
+    drop_waiter(k, found[1])
+  end
+  return nil
+end
+
+-- The hand-off itself: hand_off(k, cfg, now, want, w) leases up to `want` ready jobs to
+-- waiter w as fetch.lua's claim does (limits included) and pushes them onto its list;
+-- returns the number leased and whether limits apply. Built only when a waiter is found:
+-- an enqueue that finds none does not pay for defining the claim's helpers.
+local function hand_off_builder()
+--@include records
+--@include flow
+--@include flow_claim
+--@include lease
+--@include metrics
+
+  local HANDOFF_TTL_MS = 120000  -- an unread hand-off list (its worker died) goes after this
+
+  -- One field of an entry: '<length>:<bytes>', so that any bytes pass unharmed.
+  local function framed(parts, value)
+    local text = tostring(value)
+    parts[#parts + 1] = #text .. ':' .. text
+  end
+
+  -- The entry a waiter pops: now, dead ids, trimmed ids (each a count, then the ids), then
+  -- 9 fields per job as in fetch's reply.
+  local function handoff_entry(now, out, jobs)
+    local parts = {}
+    framed(parts, string.format('%.3f', now))
+    for _, ids in ipairs({ out.dead, out.trimmed }) do
+      framed(parts, #ids)
+      for _, id in ipairs(ids) do framed(parts, id) end
+    end
+    for _, value in ipairs(jobs) do framed(parts, value) end
+    return table.concat(parts)
+  end
+
+  local function claim(k, now, want, take)
+    local lim = read_limits(k.limits)
+    local taken = 0
+    if lim then
+      flow_unpark_due(k, now, 1000)
+      taken = claim_limited(k, lim, now, want, take)
+    else
+      while taken < want do
+        local ids = pop_ready_many(k.ready_prefix, k.ring_prefix, k.priorities, want - taken)
+        if #ids == 0 then break end
+        for _, id in ipairs(ids) do
+          if take(id) then taken = taken + 1 end
+        end
+      end
+    end
+    return taken, lim
+  end
+
+  return function(k, cfg, now, want, w)
+    local tally, out, acc = new_tally(), { dead = {}, trimmed = {} }, new_lease_batch()
+    local taken, lim = claim(k, now, want, lease_taker(k, cfg, tally, out, now, want,
+      w.nonce, acc))
+    record_leases(k, tally, acc)
+    flow_started(k, taken, acc.by_tenant)
+    write_tally(tally, bucket_key(k.metrics_prefix, now, cfg.bucket_seconds), cfg.bucket_ttl)
+    if taken > 0 or #out.dead > 0 then
+      drop_waiter(k, w.worker)  -- a registration serves one enqueue
+      local list = k.handoff_prefix .. w.worker
+      redis.call('RPUSH', list, handoff_entry(now, out, acc.jobs))
+      redis.call('PEXPIRE', list, HANDOFF_TTL_MS)
+      if taken > 0 then redis.call('HINCRBY', k.counts, 'handed', taken) end
+    end
+    return taken, lim
+  end
+end
+
+-- After an enqueue made `n_ready` jobs ready: hand up to that many to a live waiter of the
+-- queue, or (no waiter, paused, limits bind, nothing was made ready) wake a worker as
+-- before; a waiter that got nothing (limits held the jobs) stays registered. A worker is
+-- also woken when ready jobs remain after the hand-off. Returns the number handed over.
+local function hand_off_or_wake(k, cfg, now, n_ready)
+  local w = n_ready > 0 and live_waiter(k, now)
+  if not w or redis.call('EXISTS', k.paused) == 1 then
+    wake_one(k.wake)
+    return 0
+  end
+  local want = math.min(w.slots, n_ready)
+  local taken, lim = hand_off_builder()(k, cfg, now, want, w)
+  if taken == 0 or ((not lim or taken == want) and redis.call('ZCARD', k.priorities) > 0) then
+    wake_one(k.wake)
+  end
+  return taken
+end
+
+-- hand_off_or_wake for enqueue.lua, with its KEYS (KEYS[12] on serve the hand-off) and ARGV.
+local function enqueue_hand_off(now, n_ready)
+  local k = { waiters = KEYS[22], waiter_offers = KEYS[23], wake = KEYS[8] }
+  if n_ready == 0 or redis.call('EXISTS', k.waiters) == 0 then
+    wake_one(k.wake)
+    return 0
+  end
+  k = { job_prefix = KEYS[1], ready_prefix = KEYS[2], ring_prefix = KEYS[3],
+    priorities = KEYS[4], delayed = KEYS[5], counts = KEYS[6], dedupe_prefix = KEYS[7],
+    wake = KEYS[8], metrics_prefix = KEYS[9], leases = KEYS[12], dead = KEYS[13],
+    active = KEYS[14], seq = KEYS[15], events = KEYS[16], paused = KEYS[17],
+    limits = KEYS[18], buckets = KEYS[19], running = KEYS[20], parked = KEYS[21],
+    waiters = KEYS[22], waiter_offers = KEYS[23], handoff_prefix = KEYS[24] }
+  local cfg = { dead_cap = tonumber(ARGV[19]), events_maxlen = tonumber(ARGV[20]),
+    bucket_seconds = tonumber(ARGV[2]), bucket_ttl = tonumber(ARGV[3]) }
+  return hand_off_or_wake(k, cfg, now, n_ready)
+end

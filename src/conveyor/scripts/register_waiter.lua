@@ -1,0 +1,31 @@
+#!lua
+-- Register an idle worker as a waiter of a queue (see include/handoff.lua): the next
+-- enqueue that makes jobs ready leases up to `slots` of them to it and pushes them onto its
+-- hand-off list. Replaces the worker's registration, if any, and drops lapsed ones of any
+-- worker (one that died while registered).
+--
+-- KEYS[1] waiters         zset worker id -> when its registration lapses (ms)
+-- KEYS[2] waiter_offers   hash worker id -> '<slots>:<nonce>'
+-- ARGV[1] now             '' for the server clock (ms override, tests only)
+-- ARGV[2] worker          the worker's id
+-- ARGV[3] slots           free slots it offers (> 0)
+-- ARGV[4] nonce           hex; part of the fencing tokens of jobs handed to it
+-- ARGV[5] ttl_ms          how long the registration holds
+-- Returns: the server time (ms) as text
+--@include clock
+--@include handoff
+
+local k = { waiters = KEYS[1], waiter_offers = KEYS[2] }
+local worker, slots, nonce, ttl_ms = ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+if worker == '' or not slots or slots < 1 or not ttl_ms or ttl_ms <= 0
+    or not string.match(nonce, '^%x+$') then
+  return redis.error_reply('ERR register_waiter: needs a worker, slots >= 1, a hex nonce '
+    .. 'and ttl_ms > 0')
+end
+local now = now_ms(ARGV[1])
+for _, lapsed in ipairs(redis.call('ZRANGE', k.waiters, '-inf', string.format('%.3f', now),
+    'BYSCORE', 'LIMIT', 0, 100)) do
+  drop_waiter(k, lapsed)
+end
+offer_slots(k, worker, math.floor(slots), nonce, now, ttl_ms)
+return string.format('%.3f', now)
