@@ -48,7 +48,7 @@ def handed(app: conveyor.Conveyor, worker: str) -> list[calls.Fetched]:
 
 
 def state(app: conveyor.Conveyor, short: str) -> str:
-    return app.redis.hget(app.keys(Q).job(short), "state").decode()
+    return app.redis.hget(app.keys(Q).job(short), "s").decode()
 
 
 # -- the scripts ---------------------------------------------------------------------------
