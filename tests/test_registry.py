@@ -11,6 +11,7 @@ from typing import Any
 import conveyor
 from conveyor import keys as keyspace
 from conveyor.clock import ServerClock
+from conveyor.worker import registry
 from conveyor.worker.registry import keep_registered, live_workers
 from helpers import RedisServer, running_worker, wait_until
 
@@ -55,7 +56,7 @@ def _calls(client: Any, command: str) -> int:
     return int(stats["calls"]) if stats else 0
 
 
-async def test_an_unchanged_beat_costs_three_commands(make_server: type[RedisServer]) -> None:
+async def test_an_unchanged_beat_costs_two_commands(make_server: type[RedisServer]) -> None:
     server = make_server().start()
     app = conveyor.Conveyor(server.url, namespace="beat")
     worker = StubWorker(app)
@@ -69,7 +70,9 @@ async def test_an_unchanged_beat_costs_three_commands(make_server: type[RedisSer
         beats.cancel()
         await asyncio.gather(beats, return_exceptions=True)
     expires, zadds = _calls(client, "expire"), _calls(client, "zadd")
-    assert expires >= 8 and zadds == expires == _calls(client, "zremrangebyscore")
+    assert expires >= 8 and zadds == expires
+    prunes = _calls(client, "zremrangebyscore")  # dead workers' entries: every 6th beat
+    assert prunes == -(-expires // registry.PRUNE_EVERY)
     assert _calls(client, "hset") == 2  # the first beat and the change, nothing in between
     assert client.zcard("beat:workers") == 0 and not client.exists("beat:worker:stub")
     await app.aclose()

@@ -41,6 +41,7 @@ __all__ = ["HEARTBEAT_SECONDS", "WorkerInfo", "keep_registered", "live_workers",
 
 log = logging.getLogger("conveyor.worker")
 HEARTBEAT_SECONDS = 10.0  # idle budget: 2 commands per beat, 0.2 commands/s
+PRUNE_EVERY = 6  # beats between two prunings of dead workers' entries (one more command)
 TTL_BEATS = 3  # a worker missing this many beats in a row is gone
 ERRORS = REDIS_ERRORS
 SUPERVISOR_ENV = "CONVEYOR_SUPERVISOR"  # set in supervised children: the parent's id
@@ -117,7 +118,7 @@ def describe(worker: Worker, started_at: float) -> dict[str, str]:
 
 async def _beat(client: redis.asyncio.Redis, namespace: str, worker_id: str,
                 changed: dict[str, str], everything: dict[str, str], now_s: float,
-                ttl: int) -> None:
+                ttl: int, prune: bool = True) -> None:
     key = keyspace.worker_key(namespace, worker_id)
     members = keyspace.workers_key(namespace)
     async with client.pipeline(transaction=False) as pipe:
@@ -125,8 +126,8 @@ async def _beat(client: redis.asyncio.Redis, namespace: str, worker_id: str,
             pipe.hset(key, mapping=changed)  # type: ignore[arg-type]
         pipe.expire(key, ttl)
         pipe.zadd(members, {worker_id: int(now_s * 1000)})
-        # Killed workers cannot remove their own entries: the live ones prune them.
-        pipe.zremrangebyscore(members, "-inf", int((now_s - ttl) * 1000))
+        if prune:  # killed workers cannot remove their own entries: the live ones prune them
+            pipe.zremrangebyscore(members, "-inf", int((now_s - ttl) * 1000))
         replies = await pipe.execute()
     if not changed and not replies[0]:
         # The hash is gone (expired while Redis was unreachable, or a restart without
@@ -148,14 +149,15 @@ async def keep_registered(worker: Worker, interval: float = HEARTBEAT_SECONDS) -
     ttl = max(1, math.ceil(stale_after(interval)))
     started_at = worker.clock.now()
     sent: dict[str, str] = {}
-    failures = 0
+    failures = beats = 0
     try:
         while True:
             fields = describe(worker, started_at)
             changed = {k: v for k, v in fields.items() if sent.get(k) != v}
             try:
                 await _beat(client, app.namespace, worker.id, changed, fields,
-                            worker.clock.now(), ttl)
+                            worker.clock.now(), ttl, prune=beats % PRUNE_EVERY == 0)
+                beats += 1
                 sent = fields
             except ERRORS as exc:
                 log.log(logging.WARNING if failures else logging.DEBUG,

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from ..app import Conveyor
 
 log = logging.getLogger("conveyor.workflow")
-SWEEP_SECONDS = 10.0  # idle cost: one LRANGE per served queue per sweep
+SWEEP_SECONDS = 20.0  # idle cost: one LRANGE per served queue per sweep (as long as a
+# wake-up block, so an idle worker stays under half a command a second)
 BATCH = 500  # outbox entries per drain step
 RELEASE_CHUNK = 1000  # hand-overs per release call
 ENDED = (b"succeeded", b"dead", b"cancelled")
