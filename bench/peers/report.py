@@ -232,7 +232,9 @@ METHOD_NOTES = """## Method
   run is cut at the drain cap (`*`, excluded from "best peer").
 - Latency: an idle worker, ~20 ms between probes; each probe carries `time.time()` at
   enqueue and the task records `time.time()` at start (same machine). p50/p99 per run,
-  median over runs.
+  median over runs. "Start after enqueue returns" takes the same probes from when the
+  enqueue call returned (the driver times each call and records it after the probes), so
+  it leaves out the enqueue call itself.
 - Delayed jobs: a fresh idle worker (default profile; RQ's with `--with-scheduler`),
   then 100 delayed probes 50 ms apart per run, delays 0.2-1.0 s in whole ms spread
   evenly (golden-ratio steps, so they do not fall due together). Each probe's argument

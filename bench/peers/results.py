@@ -32,6 +32,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("cpu_drain_free", "Redis CPU per job: drain, nearly free body", "µs", False),
     Metric("lat_p50", "enqueue-to-start latency p50", "ms", False),
     Metric("lat_p99", "enqueue-to-start latency p99", "ms", False),
+    Metric("ret_p50", "start after enqueue returns p50", "ms", False),
+    Metric("ret_p99", "start after enqueue returns p99", "ms", False),
     Metric("late_p50", "delayed job lateness p50", "ms", False),
     Metric("late_p99", "delayed job lateness p99", "ms", False),
     Metric("late_early", "delayed jobs started before due", "jobs, all runs", False, True),

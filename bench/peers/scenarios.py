@@ -25,6 +25,16 @@ from .venvs import REPO_ROOT
 
 COUNTER_KEY = "bench:done"  # must match drivers/common.py
 LATENCY_KEY = "bench:latency"
+CALLS_KEY = "bench:latency:calls"
+
+
+def _probes(raw: list[bytes]) -> dict[str, float]:
+    """``"<enqueued> <seconds>"`` entries as {enqueued: ms}."""
+    out: dict[str, float] = {}
+    for entry in raw:
+        ts, seconds = entry.decode().split(" ")
+        out[ts] = float(seconds) * 1000
+    return out
 BODY_ENV = "BENCH_BODY"  # must match drivers/common.py
 BODIES = {"incr": "", "free": "_free"}
 """Task bodies and their result-key suffix: one INCR per job, or nearly free."""
@@ -134,7 +144,8 @@ class PeerBench:
                 self._step(keys, functools.partial(self.drain, profile, snap, body))
         del snap  # the large fill below reuses the server
         self._step(["mem_per_job_large"], self.memory_large)
-        self._step(["lat_p50", "lat_p99", "idle_cmds", "idle_cpu"], self.latency_and_idle)
+        self._step(["lat_p50", "lat_p99", "ret_p50", "ret_p99", "idle_cmds", "idle_cpu"],
+                   self.latency_and_idle)
         self._step(list(DELAYED_KEYS), self.delayed_lateness)
         self._sum_cpu()
         return self.result
@@ -302,8 +313,10 @@ class PeerBench:
 
     def _latency(self, group: WorkerGroup) -> None:
         n, p50s, p99s = self.opts.latency_samples, [], []
+        ret50s: list[float] = []
+        ret99s: list[float] = []
         for run in range(self.opts.runs):
-            self.server.client.delete(LATENCY_KEY)
+            self.server.client.delete(LATENCY_KEY, CALLS_KEY)
             self.h.call(
                 "latency",
                 "--n",
@@ -313,11 +326,21 @@ class PeerBench:
                 timeout=60 + n * self.opts.latency_interval * 2,
             )
             self._wait_for(group, 1 + n * (run + 1), 30.0)
-            samples = [float(x) * 1000 for x in self.server.client.lrange(LATENCY_KEY, 0, -1)]
+            starts = _probes(self.server.client.lrange(LATENCY_KEY, 0, -1))
+            samples = list(starts.values())
             p50s.append(percentile(samples, 0.50))
             p99s.append(percentile(samples, 0.99))
+            # The same probes timed from when the enqueue call returned.
+            calls = _probes(self.server.client.lrange(CALLS_KEY, 0, -1))
+            after = [starts[ts] - calls[ts] for ts in starts if ts in calls]
+            if after:
+                ret50s.append(percentile(after, 0.50))
+                ret99s.append(percentile(after, 0.99))
         self.result.values["lat_p50"] = Value.median(p50s)
         self.result.values["lat_p99"] = Value.median(p99s)
+        if ret50s:
+            self.result.values["ret_p50"] = Value.median(ret50s)
+            self.result.values["ret_p99"] = Value.median(ret99s)
         self.log(
             f"  [{self.h.spec.name}] latency p50 {statistics.median(p50s):.2f} ms, "
             f"p99 {statistics.median(p99s):.2f} ms"
@@ -385,7 +408,7 @@ class PeerBench:
                     f"{target - count} of {n} delayed jobs had not started "
                     f"{o.delayed_cap_s:.0f}s after the last was due"
                 )
-            samples = [float(x) * 1000 for x in self.server.client.lrange(LATENCY_KEY, 0, -1)]
+            samples = list(_probes(self.server.client.lrange(LATENCY_KEY, 0, -1)).values())
             p50s.append(percentile(samples, 0.50))
             p99s.append(percentile(samples, 0.99))
             early += sum(1 for x in samples if x < 0)

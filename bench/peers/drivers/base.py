@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from ..procs import process_cpu_seconds
+from . import common
 
 BULK_BATCH = 100
 """Jobs per bulk call when *measuring* bulk enqueue (same for every peer)."""
@@ -155,19 +156,25 @@ class Driver:
 
     def latency(self, n: int, interval: float) -> None:
         """Enqueue *n* probes carrying their enqueue time, *interval* s apart."""
+        calls: list[str] = []  # "<ts> <seconds the enqueue call took>" per probe
         if "sync" in self.modes:
             self._setup_once()
             for _ in range(n):
-                self.enqueue_one(time.time())
+                ts = time.time()
+                self.enqueue_one(ts)
+                calls.append(f"{ts!r} {time.time() - ts!r}")
                 time.sleep(interval)
-            return
+        else:
+            async def probes() -> None:
+                for _ in range(n):
+                    ts = time.time()
+                    await self.aenqueue_one(ts)
+                    calls.append(f"{ts!r} {time.time() - ts!r}")
+                    await asyncio.sleep(interval)
 
-        async def probes() -> None:
-            for _ in range(n):
-                await self.aenqueue_one(time.time())
-                await asyncio.sleep(interval)
-
-        asyncio.run(self._arun(probes))
+            asyncio.run(self._arun(probes))
+        if calls:  # after the probes, so that recording them delays none
+            common.note_calls(calls)
 
     def send_delayed(self, n: int, interval: float, low: float, high: float) -> float:
         """Enqueue *n* delayed probes *interval* s apart; returns the last due time.

@@ -28,7 +28,9 @@ import redis
 COUNTER_KEY = "bench:done"
 """Every executed task increments this key once."""
 LATENCY_KEY = "bench:latency"
-"""Latency probes push ``started - enqueued`` (seconds) here."""
+"""Latency probes push ``"<enqueued> <started - enqueued>"`` (epoch s, seconds) here."""
+CALLS_KEY = "bench:latency:calls"
+"""The driver pushes ``"<enqueued> <seconds the enqueue call took>"`` per probe here."""
 QUEUE = "bench"
 """Queue name used by every peer that has named queues."""
 BODY_ENV = "BENCH_BODY"
@@ -42,6 +44,15 @@ def redis_url() -> str:
     return os.environ["BENCH_REDIS_URL"]
 
 
+def note_calls(calls: list[str]) -> None:
+    """Record how long each latency probe's enqueue call took (see :data:`CALLS_KEY`)."""
+    client = redis.Redis.from_url(redis_url())
+    try:
+        client.rpush(CALLS_KEY, *calls)
+    finally:
+        client.close()
+
+
 # --------------------------------------------------------------------------- task body
 
 _sync_client: redis.Redis | None = None
@@ -49,8 +60,9 @@ _async_clients: dict[int, Any] = {}
 
 
 def _latency_pipeline(pipe: Any, started: float, ts: float) -> None:
-    # RPUSH before INCR: once the counter says "done", the sample is there.
-    pipe.rpush(LATENCY_KEY, started - ts)
+    # RPUSH before INCR: once the counter says "done", the sample is there. The probe's
+    # enqueue time names it, so the harness can match the driver's call duration to it.
+    pipe.rpush(LATENCY_KEY, f"{ts!r} {started - ts!r}")
     pipe.incr(COUNTER_KEY)
 
 
