@@ -103,10 +103,20 @@ def spread_buckets(app: conveyor.Conveyor, queues: list[str], seconds: int = 360
     now = int(sec) // width * width
     for q in queues:
         k = app.keys(q)
-        newest = k.metrics(now) if app.redis.exists(k.metrics(now)) else k.metrics(now - width)
-        zset = app.redis.type(newest) == b"zset"
-        fields = dict(app.redis.zrange(newest, 0, -1, withscores=True)) if zset \
-            else app.redis.hgetall(newest)
+        # The activity above may straddle a bucket boundary (its jobs finished in one
+        # bucket, the last enqueues landed in the next): the template sums the last three
+        # minutes (the activity, its worker's start included, takes at most about one).
+        recent = [k.metrics(start) for start in range(now - 180, now + width, width)
+                  if app.redis.exists(k.metrics(start))]
+        zset = bool(recent) and app.redis.type(recent[-1]) == b"zset"
+        fields: dict[Any, Any] = {}
+        for bucket in recent:
+            part = dict(app.redis.zrange(bucket, 0, -1, withscores=True)) if zset \
+                else app.redis.hgetall(bucket)
+            for name, value in part.items():
+                fields[name] = float(fields.get(name, 0)) + float(value)
+        if not zset:  # a hash's counters are integers; its sums ('wsum', 'rsum') are not
+            fields = {n: (int(v) if float(v).is_integer() else v) for n, v in fields.items()}
         with app.redis.pipeline(transaction=False) as pipe:
             for start in range(now - seconds, now, width):
                 if zset:
