@@ -83,19 +83,7 @@ local acc = new_lease_batch()
 local take = lease_taker(k, cfg, tally, out, now, want, nonce, acc)
 local taken, refill, lim, held = 0, nil, nil, false
 if redis.call('EXISTS', k.paused) == 0 then
-  lim = read_limits(k.limits)
-  if lim then
-    flow_unpark_due(k, now, 1000)
-    taken, refill = claim_limited(k, lim, now, want, take)
-  else
-    while taken < want do
-      local ids = pop_ready_many(k.ready_prefix, k.ring_prefix, k.priorities, want - taken)
-      if #ids == 0 then break end
-      for _, id in ipairs(ids) do
-        if take(id) then taken = taken + 1 end
-      end
-    end
-  end
+  taken, refill, lim = claim_ready(k, now, want, take)
   record_leases(k, tally, acc)
   flow_started(k, taken, acc.by_tenant)
   -- More ready jobs than this worker had slots for: wake another (under limits, only when

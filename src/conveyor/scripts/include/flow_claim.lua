@@ -1,5 +1,6 @@
 -- The claim under limits: which ready jobs may start now (see flow.lua for the data).
 --@include flow
+--@include ready
 
 -- What a tenant may start now: { room = jobs (math.huge: no limit), rate = its rate or
 -- nil, tokens = its bucket's tokens }; `already` jobs of it were leased by this call.
@@ -92,4 +93,26 @@ local function claim_limited(k, lim, now, want, take)
     if whole_tokens(left) < 1 then refill = bucket_refill_at(left, lim.rate, now) end
   end
   return leased, refill
+end
+
+-- Lease up to `want` ready jobs with take(id), under the queue's limits when it has any
+-- (claim_limited) or straight from the ready lists when not: what fetch and a hand-off
+-- both claim with. Returns the number leased, the queue bucket's refill time (or nil) and
+-- the limits (nil when none).
+local function claim_ready(k, now, want, take)
+  local lim = read_limits(k.limits)
+  if lim then
+    flow_unpark_due(k, now, 1000)
+    local taken, refill = claim_limited(k, lim, now, want, take)
+    return taken, refill, lim
+  end
+  local taken = 0
+  while taken < want do
+    local ids = pop_ready_many(k.ready_prefix, k.ring_prefix, k.priorities, want - taken)
+    if #ids == 0 then break end
+    for _, id in ipairs(ids) do
+      if take(id) then taken = taken + 1 end
+    end
+  end
+  return taken, nil, nil
 end

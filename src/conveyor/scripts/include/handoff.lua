@@ -82,28 +82,10 @@ local function hand_off_builder()
     return table.concat(parts)
   end
 
-  local function claim(k, now, want, take)
-    local lim = read_limits(k.limits)
-    local taken = 0
-    if lim then
-      flow_unpark_due(k, now, 1000)
-      taken = claim_limited(k, lim, now, want, take)
-    else
-      while taken < want do
-        local ids = pop_ready_many(k.ready_prefix, k.ring_prefix, k.priorities, want - taken)
-        if #ids == 0 then break end
-        for _, id in ipairs(ids) do
-          if take(id) then taken = taken + 1 end
-        end
-      end
-    end
-    return taken, lim
-  end
-
   return function(k, cfg, now, want, w)
     local tally, out, acc = new_tally(), { dead = {}, trimmed = {} }, new_lease_batch()
-    local taken, lim = claim(k, now, want, lease_taker(k, cfg, tally, out, now, want,
-      w.nonce, acc))
+    local taken, _, lim = claim_ready(k, now, want, lease_taker(k, cfg, tally, out, now,
+      want, w.nonce, acc))
     record_leases(k, tally, acc)
     flow_started(k, taken, acc.by_tenant)
     write_tally(tally, bucket_key(k.metrics_prefix, now, cfg.bucket_seconds), cfg.bucket_ttl)
