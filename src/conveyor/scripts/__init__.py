@@ -151,11 +151,34 @@ def _bulk(value: Arg) -> bytes:
     return b"$%d\r\n%b\r\n" % (len(data), data)
 
 
-def _unloaded(calls: Sequence[ScriptCall[Any]], replies: Sequence[Any], skip: int
-              ) -> list[int]:
-    """Indexes of the calls whose reply (after ``skip`` other replies) says the server did
-    not have the script: nothing of those calls ran."""
-    return [i for i in range(len(calls)) if isinstance(replies[skip + i], NoScriptError)]
+# What send_all sends, planned once for both runners (which only send it): the commands of
+# the first round trip, and of a second one for the calls that met a server without their
+# script (NOSCRIPT: nothing of those calls ran): the scripts' loads, then those calls again.
+Command = tuple[Arg, ...]
+
+
+def _evalsha(script: Any, call: ScriptCall[Any]) -> Command:
+    return ("EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+
+
+def _first_trip(scripts: dict[str, Any], calls: Sequence[ScriptCall[Any]],
+                before: Sequence[Command]) -> list[Command]:
+    return [*before, *(_evalsha(scripts[call.name], call) for call in calls)]
+
+
+def _second_trip(scripts: dict[str, Any], calls: Sequence[ScriptCall[Any]],
+                 replies: Sequence[Any], skip: int) -> tuple[list[int], list[Command]]:
+    """The calls to send again (indexes) and the commands that do it; none if all ran."""
+    again = [i for i in range(len(calls)) if isinstance(replies[skip + i], NoScriptError)]
+    names = sorted({calls[i].name for i in again})
+    loads: list[Command] = [("SCRIPT", "LOAD", scripts[name].script) for name in names]
+    return again, loads + [_evalsha(scripts[calls[i].name], calls[i]) for i in again]
+
+
+def _merge(replies: list[Any], skip: int, again: list[int], retried: Sequence[Any]) -> None:
+    """Put the second round trip's replies (after its loads) in place of the NOSCRIPT ones."""
+    for i, reply in zip(again, retried[len(retried) - len(again):], strict=True):
+        replies[skip + i] = reply
 
 
 def _text(value: Any) -> str:
@@ -230,28 +253,17 @@ class ScriptRunner:
         A call that met a server without its script (NOSCRIPT: nothing of it ran) is sent
         again once the script is loaded.
         """
-        with self._client.pipeline(transaction=False) as pipe:
-            for command in before:
-                pipe.execute_command(*command)
-            for call in calls:
-                pipe.execute_command(*self._evalsha(call))
-            replies: list[Any] = pipe.execute(raise_on_error=False)
-        again = _unloaded(calls, replies, len(before))
-        if again:  # one more round trip: load the scripts, then send those calls again
-            names = sorted({calls[i].name for i in again})
-            with self._client.pipeline(transaction=False) as pipe:
-                for name in names:
-                    pipe.execute_command("SCRIPT", "LOAD", self._scripts[name].script)
-                for i in again:
-                    pipe.execute_command(*self._evalsha(calls[i]))
-                retried = pipe.execute(raise_on_error=False)
-            for i, reply in zip(again, retried[len(names):], strict=True):
-                replies[len(before) + i] = reply
+        replies = self._pipeline(_first_trip(self._scripts, calls, before))
+        again, commands = _second_trip(self._scripts, calls, replies, len(before))
+        if again:
+            _merge(replies, len(before), again, self._pipeline(commands))
         return replies
 
-    def _evalsha(self, call: ScriptCall[Any]) -> tuple[Arg, ...]:
-        return ("EVALSHA", self._scripts[call.name].sha, len(call.keys), *call.keys,
-                *call.args)
+    def _pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        with self._client.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(pipe.execute(raise_on_error=False))
 
     def queue(self, call: ScriptCall[Any], pipeline: Any) -> None:
         """Add ``call`` to ``pipeline``; its raw reply appears in ``pipeline.execute()``."""
@@ -301,24 +313,14 @@ class AsyncScriptRunner:
     async def send_all(self, calls: Sequence[ScriptCall[Any]],
                        before: Sequence[tuple[Arg, ...]] = ()) -> list[Any]:
         """The async twin of :meth:`ScriptRunner.send_all`."""
-        async with self._client.pipeline(transaction=False) as pipe:
-            for command in before:
-                pipe.execute_command(*command)
-            for call in calls:
-                pipe.execute_command("EVALSHA", self._scripts[call.name].sha, len(call.keys),
-                                     *call.keys, *call.args)
-            replies = list(await pipe.execute(raise_on_error=False))
-        again = _unloaded(calls, replies, len(before))
+        replies = await self._pipeline(_first_trip(self._scripts, calls, before))
+        again, commands = _second_trip(self._scripts, calls, replies, len(before))
         if again:
-            names = sorted({calls[i].name for i in again})
-            async with self._client.pipeline(transaction=False) as pipe:
-                for name in names:
-                    pipe.execute_command("SCRIPT", "LOAD", self._scripts[name].script)
-                for i in again:
-                    call = calls[i]
-                    pipe.execute_command("EVALSHA", self._scripts[call.name].sha,
-                                         len(call.keys), *call.keys, *call.args)
-                retried = await pipe.execute(raise_on_error=False)
-            for i, reply in zip(again, retried[len(names):], strict=True):
-                replies[len(before) + i] = reply
+            _merge(replies, len(before), again, await self._pipeline(commands))
         return replies
+
+    async def _pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(await pipe.execute(raise_on_error=False))
