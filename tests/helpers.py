@@ -127,6 +127,45 @@ def running_worker(app: conveyor.Conveyor, **options: Any) -> Iterator[conveyor.
             raise errors[0]
 
 
+def within_one_bucket(app: conveyor.Conveyor, read: Callable[[], Any]) -> Any:
+    """``read()`` done within one metric bucket of the server clock (so every reader's
+    window holds the same buckets); retried when a bucket boundary fell inside."""
+    from conveyor.clock import server_now
+
+    width = app.limits.bucket_seconds
+    for _ in range(5):
+        before = server_now(app.redis) // width
+        out = read()
+        if server_now(app.redis) // width == before:
+            return out
+    raise AssertionError("never read within one bucket")
+
+
+def scrape(registry: Any) -> dict[str, float]:
+    """A Prometheus registry's samples as {name with labels: value}."""
+    from prometheus_client import generate_latest
+
+    out = {}
+    for line in generate_latest(registry).decode().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def stop_processes(procs: list[subprocess.Popen[Any]], grace: float = 20.0) -> None:
+    """SIGTERM every process still running, then wait for each (killed past ``grace``)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 def env_with_src() -> dict[str, str]:
     env = dict(os.environ)
     root = Path(__file__).resolve().parents[1]

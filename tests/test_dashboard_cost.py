@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 import threading
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +21,12 @@ from conveyor.clock import server_now
 from conveyor.monitor import Monitor
 from conveyor.monitor.stats import bucket_starts
 from conveyor.web import create_app, figures
-from helpers import RedisServer, wait_until
+from helpers import RedisServer, wait_until, within_one_bucket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.dashboard_cost import HOLDERS, activity, cost, make_app
 
 pytestmark = pytest.mark.xdist_group("dashboard_cost")
-
-
-def within_one_bucket(app: Any, read: Callable[[], Any]) -> Any:
-    """``read()`` done within one bucket of the server clock (retried across a boundary)."""
-    width = app.limits.bucket_seconds
-    for _ in range(5):
-        before = server_now(app.redis) // width
-        out = read()
-        if server_now(app.redis) // width == before:
-            return out
-    raise AssertionError("never read within one bucket")
 
 
 def fill_charts(app: Any, client: redis.Redis, queues: int, most: int = 200

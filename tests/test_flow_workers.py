@@ -21,7 +21,7 @@ import pytest
 
 import conveyor
 from apps.flow_app import make_app, max_overlap, most_starts_in_window, read_ledger
-from helpers import RedisServer, env_with_src, wait_until
+from helpers import RedisServer, env_with_src, stop_processes, wait_until
 
 pytestmark = pytest.mark.xdist_group("flow-workers")
 CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
@@ -54,15 +54,7 @@ class Fleet:
                    timeout=30, message=f"{n} workers registered")
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop_processes(self.procs)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import conveyor
 from apps.flow_app import VT, make_app, max_overlap, read_ledger
 from conveyor.scripts import calls, source
 from conveyor.worker.handoff import WAITER_TTL_MS
-from helpers import RedisServer, env_with_src, running_worker, wait_until
+from helpers import RedisServer, env_with_src, running_worker, stop_processes, wait_until
 
 Q = "q"
 CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
@@ -185,15 +185,7 @@ class Workers:
         return proc
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop_processes(self.procs)
 
 
 @pytest.fixture

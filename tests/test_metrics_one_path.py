@@ -13,11 +13,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from starlette.testclient import TestClient
 
 import conveyor
@@ -25,22 +24,17 @@ from conveyor.clock import server_now
 from conveyor.fleet.autoscale import SignalReader
 from conveyor.monitor.prometheus import RedisCollector
 from conveyor.web import create_app
-from helpers import RedisServer, env_with_src, wait_until
+from helpers import RedisServer, env_with_src, scrape, wait_until, within_one_bucket
 from monitor_app import make_app
 
 CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
 WINDOW = 300
 
 
-def scrape(app: conveyor.Conveyor) -> dict[str, float]:
+def prometheus(app: conveyor.Conveyor) -> dict[str, float]:
     registry = CollectorRegistry()
     registry.register(RedisCollector(app, advice=False))
-    out = {}
-    for line in generate_latest(registry).decode().splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+    return scrape(registry)
 
 
 def cli_stats(app: conveyor.Conveyor) -> dict[str, Any]:
@@ -50,18 +44,6 @@ def cli_stats(app: conveyor.Conveyor) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr
     total: dict[str, Any] = json.loads(done.stdout)["total"]
     return total
-
-
-def same_bucket(app: conveyor.Conveyor, read: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``read()`` done within one bucket of the server clock (so every reader's window
-    holds the same buckets); retried when a bucket boundary fell inside."""
-    width = app.limits.bucket_seconds
-    for _ in range(5):
-        before = server_now(app.redis) // width
-        out = read()
-        if server_now(app.redis) // width == before:
-            return out
-    raise AssertionError("never read within one bucket")
 
 
 def test_every_consumer_reads_the_same_figures(redis_server: RedisServer,
@@ -97,11 +79,11 @@ def test_every_consumer_reads_the_same_figures(redis_server: RedisServer,
                                  params={"window": WINDOW}).json(),
             "overview": app.monitor.overview(window=60),
             "web_overview": web.get("/api/overview").json(),
-            "prometheus": scrape(app),
+            "prometheus": prometheus(app),
             "autoscaler": SignalReader(app, ["default"], 10).backlog(now)[1],
         }
 
-    got = same_bucket(app, read)
+    got = within_one_bucket(app, read)
     m = got["monitor"]
     assert (m.succeeded, m.dead, m.failed, m.enqueued) == (64, 2, 2, 66)
     assert m.wait.p95 is not None and m.run.p50 is not None and m.run.p99 is not None

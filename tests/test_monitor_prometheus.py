@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 import conveyor
 from conveyor.monitor.prometheus import RedisCollector
-from helpers import running_worker, wait_until
-
-
-def scrape(registry: CollectorRegistry) -> dict[str, float]:
-    out = {}
-    for line in generate_latest(registry).decode().splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+from helpers import running_worker, scrape, wait_until
 
 
 def test_counters_grow_by_bucket_deltas_and_survive_expiry(app: conveyor.Conveyor) -> None:
