@@ -105,7 +105,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert SERVER is not None
         self.app = conveyor.Conveyor(SERVER.url, namespace=f"m{uuid.uuid4().hex[:10]}")
         self.k = self.app.keys("q")
-        stream_events(self.app, "q")  # the events' trace ids are checked
+        self.streaming = False  # whether a sink has read the queue: events are written
         self.limits = calls.Limits(snooze_cap=SNOOZE_CAP)
         self.now = 1_800_000_000_000.0
         self.jobs: dict[str, Model] = {}
@@ -130,10 +130,13 @@ class QueueMachine(RuleBasedStateMachine):
     # -- steps -----------------------------------------------------------------------------
 
     @initialize(cap=st.sampled_from([None, 1, 2, 4]), tenant_cap=st.sampled_from([None, 1, 2]),
-                rate=st.sampled_from([None, 1, 3]), tenant_rate=st.sampled_from([None, 2]))
+                rate=st.sampled_from([None, 1, 3]), tenant_rate=st.sampled_from([None, 2]),
+                streaming=st.sampled_from([True, True, False]))
     def start(self, cap: int | None, tenant_cap: int | None, rate: int | None,
-              tenant_rate: int | None) -> None:
+              tenant_rate: int | None, streaming: bool) -> None:
         self.app.redis.sadd(f"{self.app.namespace}:queues", "q")
+        if streaming:  # most runs check the events' trace ids from the first end on
+            self.sink_reads()
         # Most runs start under some limits (a step may change or remove them later).
         self.set_limits(cap, tenant_cap, rate, tenant_rate)
 
@@ -192,6 +195,12 @@ class QueueMachine(RuleBasedStateMachine):
     def register_waiter(self, slots: int) -> None:
         self.run(calls.register_waiter(self.k, WORKER, slots, WAITER_TTL, now=self.now))
         self.waiter = (slots, self.now + WAITER_TTL)
+
+    @rule()
+    def sink_reads(self) -> None:
+        """A sink reads the queue: from now on every end is streamed (and stays so)."""
+        stream_events(self.app, "q")
+        self.streaming = True
 
     @rule(ms=st.sampled_from([10, 400, 1100, 3500]))
     def advance_time(self, ms: int) -> None:
@@ -557,7 +566,10 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             assert offer is not None and int(offer.split(b":")[0]) == self.waiter[0]
             assert score == self.waiter[1]
-        # Every finished job's event carries the trace id its enqueue call was given.
+        # No event before a sink has read the queue; then every finished job's event
+        # carries the trace id its enqueue call was given.
+        if not self.streaming:
+            assert redis.xlen(self.k.events) == 0
         for _, event in redis.xrange(self.k.events):
             short_id = event[b"id"].decode()
             assert event.get(b"trace", b"").decode() == self.traces.get(short_id, ""), short_id
