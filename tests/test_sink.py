@@ -332,3 +332,23 @@ def test_a_queue_no_sink_has_read_writes_no_events_and_one_that_was_read_writes_
     rows = count_rows(sink.engine, table_name)
     assert rows == (7, 7)
     sink.close()
+
+
+def test_a_running_sink_turns_the_stream_on_again_after_redis_lost_the_mark(
+    app: conveyor.Conveyor, tmp_path: Path, table_name: str
+) -> None:
+    @app.task(name="again", queue="rolled")
+    def again(n: int) -> int:
+        return n
+
+    k = app.keys("rolled")
+    sink = Sink(app, f"sqlite:///{tmp_path / 'jobs.db'}", table=table_name, queues=["rolled"])
+    sink.MARK_SECONDS = 0.0  # every step (a minute in production)
+    assert sink.run(until_idle=True) == 0
+    app.redis.delete(k.events_on)  # as a restore from before the sink's first read would
+    assert sink.run(until_idle=True) == 0
+    assert app.redis.exists(k.events_on)
+    jobs = again.enqueue_many([(n,) for n in range(3)])
+    run_jobs(app, jobs)
+    assert sink.run(until_idle=True) == 3
+    sink.close()

@@ -21,9 +21,11 @@ Events are lost only if the sink stays down long enough for a stream to pass its
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,10 +113,13 @@ class Sink:
         self.written = 0  # events committed (rows inserted or already there)
         self.failures = 0  # consecutive failed cycles
         self._grouped: set[str] = set()
+        self._marked: dict[str, float] = {}  # queue -> when its stream was last turned on
         self._table_ready = False
         self._stop = threading.Event()
 
     # -- setup -----------------------------------------------------------------------------
+
+    MARK_SECONDS = 60.0  # how often a running sink turns its queues' streams on again
 
     def queues(self) -> list[str]:
         return self.fixed_queues or self.app.known_queues()
@@ -125,10 +130,15 @@ class Sink:
             self._upgrade_table()
             self._table_ready = True
         queues = self.queues()
+        now = time.monotonic()
         for queue in queues:
+            # Again every so often: a Redis rolled back to before the sink first read the
+            # queue (a restore, a failover to a lagging replica) lost the mark.
+            if now - self._marked.get(queue, -math.inf) >= self.MARK_SECONDS:
+                stream_events(self.app, queue)
+                self._marked[queue] = now
             if queue in self._grouped:
                 continue
-            stream_events(self.app, queue)
             try:
                 # From the stream's start: events written before the group existed (by
                 # another sink's run, say) count too.
