@@ -354,6 +354,21 @@ def _int(value: Any, default: int) -> int:
 
 def _leased(f: Sequence[Any]) -> Leased:
     """One leased job from its 9 reply fields; never raises (see ``Leased.problem``)."""
+    short_id, token, task, args = f[0], f[1], f[2], f[3]
+    if type(short_id) is bytes and type(token) is bytes and type(task) is bytes \
+            and type(args) is bytes:
+        try:  # the common case: one decode per text field, no bookkeeping
+            enqueued_at = _float(f[6]) / 1000  # stored in ms
+            return Leased(short_id.decode(), token.decode(), task.decode(), args,
+                          _int(f[4], 1), _int(f[5], 1), enqueued_at,
+                          _float(f[7], enqueued_at), _int(f[8], 30_000))
+        except UnicodeDecodeError:
+            pass
+    return _leased_checked(f)
+
+
+def _leased_checked(f: Sequence[Any]) -> Leased:
+    """:func:`_leased` for a record whose text fields may not be UTF-8 (or not bytes)."""
     problem = None
     texts = []
     for name, raw in (("id", f[0]), ("token", f[1]), ("task", f[2])):
