@@ -27,6 +27,7 @@ log = logging.getLogger("conveyor.worker")
 # server: the outcomes are kept, never dropped.
 ERRORS = REDIS_ERRORS
 HOOK_READ_TRIES = 8  # about 10 s of back-off
+GATHER_TURNS = 2  # loop turns a flush waits for outcomes being delivered
 
 
 class Outbox:
@@ -64,6 +65,12 @@ class Outbox:
         failures = 0
         while not self._closed:
             await self._ready.wait()
+            # Let the outcomes already on their way join this batch: thread completions the
+            # loop has been told of (delivered in the loop's next turns) would otherwise wait
+            # for the next flush, and small batches cost Redis and this process a script
+            # call each. A few loop turns, not a timer: nothing waits when nothing comes.
+            for _ in range(GATHER_TURNS):
+                await asyncio.sleep(0)
             self._ready.clear()
             try:
                 await self._flush_once()
