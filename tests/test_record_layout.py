@@ -73,3 +73,14 @@ def test_options_that_differ_from_the_defaults_are_stored_and_read_back(
         b.result(timeout=10)
         a.result(timeout=10)
     assert a.info().attempts == 1 and b.info().state == "succeeded"
+
+
+def test_ids_made_in_bulk_look_like_ids_made_one_by_one() -> None:
+    from conveyor.task import new_short_id, new_short_ids
+
+    shape = re.compile(r"^[A-Za-z0-9_-]{16}$")
+    one = new_short_id()
+    many = new_short_ids(5000)
+    assert shape.match(one) and all(shape.match(i) for i in many)
+    assert len(set(many)) == 5000 and one not in many
+    assert new_short_ids(0) == [] and len(new_short_ids(1)) == 1

@@ -140,6 +140,13 @@ def new_short_id() -> str:
     return base64.urlsafe_b64encode(os.urandom(12)).decode()
 
 
+def new_short_ids(n: int) -> list[str]:
+    """``n`` ids as :func:`new_short_id` makes them, from one read of the OS's randomness
+    (12 bytes encode to 16 characters without padding, so each id is a slice)."""
+    text = base64.urlsafe_b64encode(os.urandom(12 * n)).decode()
+    return [text[i:i + 16] for i in range(0, 16 * n, 16)]
+
+
 class Task(Generic[P, R]):
     """A registered task. Call it to run the function here; ``enqueue`` to run it on a worker.
 
@@ -252,14 +259,15 @@ class Task(Generic[P, R]):
     def _batch(self, items: Iterable[Any], meta: dict[str, str] | None = None
                ) -> list[tuple[str, bytes]]:
         encode, name = self.app.codec.encode_args, self.name
+        items = list(items)
         jobs = []
-        for item in items:
+        for short_id, item in zip(new_short_ids(len(items)), items, strict=True):
             if isinstance(item, Mapping):
-                jobs.append((new_short_id(), encode(name, (), dict(item), meta)))
+                jobs.append((short_id, encode(name, (), dict(item), meta)))
             elif isinstance(item, tuple | list):
-                jobs.append((new_short_id(), encode(name, tuple(item), {}, meta)))
+                jobs.append((short_id, encode(name, tuple(item), {}, meta)))
             else:
-                jobs.append((new_short_id(), encode(name, (item,), {}, meta)))
+                jobs.append((short_id, encode(name, (item,), {}, meta)))
         if self.job_options.key is not None and len(jobs) > 1:
             raise ConfigurationError(
                 "a dedupe key names one job: use it with enqueue, not enqueue_many"
