@@ -2,7 +2,8 @@
 
 A :class:`FaultPlan` patches redis-py's asyncio ``Redis.execute_command`` and
 ``Pipeline.execute`` while it is active. Each rule names a command (``"BLPOP"``), a
-script (``"script:fetch"``, matched by its SHA) or ``"pipeline"`` (any pipeline), the error
+script (``"script:fetch"``, matched by its SHA; a plain enqueue, ``scripts/plain.py``, counts
+as ``"script:enqueue"``) or ``"pipeline"`` (any pipeline), the error
 to raise, and how many times; the call then fails before it reaches the server, exactly as
 a client sees a refused or broken call. The errors are the ones a production Redis gives:
 """
@@ -110,20 +111,30 @@ class FaultPlan:
             return await original_execute(pipe, raise_on_error)
 
         self._send = AsyncScriptRunner._send
-        original_send = self._send
+        self._plain = AsyncScriptRunner.enqueue_plain
+        original_send, original_plain = self._send, self._plain
 
-        async def send(runner: Any, call: Any, pool: Any) -> Any:  # enqueue's direct path
+        async def send(runner: Any, call: Any, pool: Any, *args: Any) -> Any:  # direct path
             error = plan._take([f"script:{call.name}"])
             if error is not None:
                 raise error
-            return await original_send(runner, call, pool)
+            return await original_send(runner, call, pool, *args)
+
+        async def enqueue_plain(runner: Any, *args: Any, **options: Any) -> None:
+            # A plain enqueue (scripts/plain.py) stands in for the enqueue script.
+            error = plan._take(["script:enqueue", "plain:enqueue"])
+            if error is not None:
+                raise error
+            await original_plain(runner, *args, **options)
 
         redis.asyncio.client.Redis.execute_command = execute_command  # type: ignore[method-assign]
         redis.asyncio.client.Pipeline.execute = execute  # type: ignore[method-assign]
         AsyncScriptRunner._send = send  # type: ignore[method-assign]
+        AsyncScriptRunner.enqueue_plain = enqueue_plain  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
         redis.asyncio.client.Redis.execute_command = self._execute_command  # type: ignore[method-assign]
         redis.asyncio.client.Pipeline.execute = self._pipeline_execute  # type: ignore[method-assign]
         AsyncScriptRunner._send = self._send  # type: ignore[method-assign]
+        AsyncScriptRunner.enqueue_plain = self._plain  # type: ignore[method-assign]

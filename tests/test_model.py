@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import conveyor
-from conveyor.scripts import calls
+from conveyor.scripts import calls, plain
 from conveyor.sink import stream_events
 from conveyor.workflow.handover import drain_sync
 from helpers import RedisServer
@@ -76,6 +76,7 @@ class Model:
     progress: float | None = None
     steps: set[str] = field(default_factory=set)
     node: bool = False  # a workflow node
+    order: int | None = None  # enqueue serial while it waits, ready, from its enqueue on
     waiting: bool = False  # a node waiting for its parents (state 'scheduled')
     parents: list[str] = field(default_factory=list)
     children: list[str] = field(default_factory=list)
@@ -165,13 +166,30 @@ class QueueMachine(RuleBasedStateMachine):
             assert stored == [(holder, False)], (stored, holder)
             return
         assert stored == [(short_id, True) for short_id, _ in batch]
-        for short_id, _ in batch:
+        for i, (short_id, _) in enumerate(batch):
             self.traces[short_id] = trace
             self.jobs[short_id] = Model("scheduled" if delay else "ready", task, priority,
-                                        attempts, tenant, due=self.now + delay, key=key)
+                                        attempts, tenant, due=self.now + delay, key=key,
+                                        order=None if delay else self.serial - n + 1 + i)
         if key:
             self.keys[key] = batch[0][0]
         self._check_hand_off(0 if delay else len(batch))
+
+    @rule(task=st.sampled_from(TASKS), priority=st.sampled_from([5, 5, 0, 7, 9]),
+          attempts=st.integers(1, 3), traced=st.booleans())
+    def enqueue_plain(self, task: str, priority: int, attempts: int, traced: bool) -> None:
+        """A plain single enqueue (scripts/plain.py): one MULTI onto the inbox, no script,
+        so no hand-off; the next claim takes it in enqueue order within its priority."""
+        trace = f"{self.serial + 1:032x}" if traced else ""
+        spec = calls.JobSpec(task, priority, "", None, None, attempts, "", VT, trace=trace)
+        assert plain.fits(spec)
+        self.serial += 1
+        short_id = f"j{self.serial}"
+        self.app.scripts.enqueue_plain(self.k, spec, self.limits, short_id, b"[[],{}]",
+                                       now_ms=self.now)
+        self.traces[short_id] = trace
+        self.jobs[short_id] = Model("ready", task, priority, attempts, "", due=self.now,
+                                    order=self.serial)
 
     def _check_hand_off(self, made_ready: int) -> None:
         """What the enqueue that made ``made_ready`` jobs ready handed to the waiter."""
@@ -299,9 +317,19 @@ class QueueMachine(RuleBasedStateMachine):
         if leased and rest:
             assert min(self.jobs[i].priority for i in leased) >= max(
                 self.jobs[i].priority for i in rest)
+        # First in, first out within a priority and tenant, among the jobs that wait since
+        # their enqueue (one that waited elsewhere first goes ahead of them).
+        for level in {(self.jobs[i].priority, self.jobs[i].tenant) for i in leased}:
+            def orders(ids: Iterable[str], level: tuple[int, str] = level) -> list[int]:
+                return [o for i in ids if (self.jobs[i].priority, self.jobs[i].tenant) == level
+                        and (o := self.jobs[i].order) is not None]
+            taken, left = orders(leased), orders(ready - set(leased))
+            if taken and left:
+                assert max(taken) < min(left), ("FIFO within a level", level, taken, left)
         self._consume(leased)
         for job in jobs:
             model = self.jobs[job.short_id]
+            model.order = None
             assert job.token not in model.tokens, "a fencing token was handed out twice"
             model.state, model.lease = "active", self.now + VT
             model.attempts += 1

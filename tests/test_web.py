@@ -108,6 +108,12 @@ def test_queue_api_shows_tenants_per_priority(app: conveyor.Conveyor,
                                     {"tenant": "globex", "ready": 4}]
     assert data["top_tenants"][0] == {"tenant": "acme", "ready": 31}
     assert data["backlog"]["ready"] == 35
+    assert data["incoming"] == 0
+    for i in range(3):  # plain enqueues: in the inbox until a fetch, shown as incoming
+        batch.enqueue(i)
+    data = client.get("/api/queues/news").json()
+    assert data["incoming"] == app.redis.llen(app.keys("news").inbox) > 0
+    assert data["backlog"]["ready"] == 38
 
 
 def test_task_types_and_series(app: conveyor.Conveyor, client: TestClient) -> None:

@@ -295,3 +295,21 @@ def test_an_operator_changes_a_queues_limits(app: conveyor.Conveyor, served: str
     lim = q.limits()
     assert (lim.concurrency, lim.rate) == (12, 200.0)
     assert page.locator("#flow").locator('input[name="concurrency"]').first.input_value() == "12"
+
+
+def test_jobs_no_fetch_has_seen_yet_show_as_new(app: conveyor.Conveyor, served: str,
+                                               page: Any) -> None:
+    @app.task(name="intake.scan", queue="intake")
+    def scan(n: int) -> int:
+        return n
+
+    scan.options(tenant="acme").enqueue(0)  # on its level at once (the enqueue script)
+    for n in range(1, 6):
+        scan.enqueue(n)  # plain enqueues: no worker has fetched them
+    incoming = app.redis.llen(app.keys("intake").inbox)
+    assert incoming > 0
+    page.goto(served + "/queues/intake")
+    new = page.locator("#priorities tbody tr", has_text="new")
+    new.wait_for()
+    assert new.locator("td").nth(1).inner_text() == str(incoming)
+    assert page.locator("#priorities tbody tr", has_text="acme").count() == 1

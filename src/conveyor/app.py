@@ -335,9 +335,10 @@ class Conveyor:
         """
         if self._inline is not None:  # conveyor.testing.inline: run here, no Redis
             return self._inline.store(queue, spec, jobs)
+        if len(jobs) == 1 and queue in self._registered_queues and not durable:
+            return self.scripts.enqueue_one(self.keys(queue), spec, self.limits, jobs[0],
+                                            lambda: self._chunks(queue, spec, jobs)[0])
         chunks = self._chunks(queue, spec, jobs)
-        if len(chunks) == 1 and queue in self._registered_queues and not durable:
-            return self.scripts.run(chunks[0])
         if not self.scripts.pipelined:  # a cluster: its pipelines refuse script calls
             if durable:
                 raise ConfigurationError("durable enqueue is not available on a Redis"
@@ -420,9 +421,10 @@ class Conveyor:
         if durable:  # the writes and their WAIT share one connection: the sync pipeline's
             return await asyncio.to_thread(self.store, queue, spec, jobs, True)
         client, runner = self._async_pair()
+        if len(jobs) == 1 and queue in self._registered_queues:
+            return await runner.enqueue_one(self.keys(queue), spec, self.limits, jobs[0],
+                                            lambda: self._chunks(queue, spec, jobs)[0])
         chunks = self._chunks(queue, spec, jobs)
-        if len(chunks) == 1 and queue in self._registered_queues:
-            return await runner.run(chunks[0])
         if runner.pipelined:  # one round trip, as the sync store
             register = ("SADD", keyspace.queues_key(self.namespace), queue)
             stored = self._stored(queue, chunks, await runner.send_all(chunks, [register]))

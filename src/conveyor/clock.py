@@ -6,7 +6,8 @@ scripts read ``TIME`` through ``scripts/include/clock.lua``; Python code reads i
 
 * :func:`server_now` / :func:`aserver_now` send ``TIME`` (one round trip);
 * :func:`ask` queues ``TIME`` on a pipeline that reads other things in the same round
-  trip, and :func:`from_reply` turns its reply into epoch seconds;
+  trip, and :func:`from_reply` turns its reply into epoch seconds; :data:`TIME_COMMAND`
+  is the same for a message encoded by hand (a plain enqueue's, ``scripts/plain.py``);
 * :class:`ServerClock` keeps the offset between the server's clock and the local
   monotonic clock, so a long-lived process (a worker, a supervisor) can tell the server's
   time without asking each time. A worker feeds it the server time its fetch replies
@@ -18,7 +19,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["ServerClock", "aserver_now", "ask", "from_reply", "server_now"]
+__all__ = ["TIME_COMMAND", "ServerClock", "aserver_now", "ask", "from_reply", "server_now"]
+
+TIME_COMMAND = b"*1\r\n$4\r\nTIME\r\n"
+"""``TIME`` encoded for the wire, to append to a message; :func:`from_reply` reads it."""
 
 
 def from_reply(reply: Any) -> float:

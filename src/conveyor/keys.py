@@ -24,7 +24,7 @@ class QueueKeys:
     queue: str
     tag: str
     job_prefix: str  # + short id -> hash: the job record
-    ready_prefix: str  # + "<priority>:<tenant>" -> list of short ids, FIFO
+    ready_prefix: str  # + "<priority>:<tenant>" -> list of short ids, FIFO; + "in": inbox
     ring_prefix: str  # + "<priority>" -> list of tenants with ready jobs (round robin)
     priorities: str  # zset of priorities that have ready jobs
     delayed: str  # zset short id -> due time (ms)
@@ -83,6 +83,12 @@ class QueueKeys:
     def ready(self, member: str) -> str:
         """Ready list of ``'<priority>:<tenant>'``."""
         return self.ready_prefix + member
+
+    @property
+    def inbox(self) -> str:
+        """List of jobs a plain enqueue queued, not yet on their priority's ready list
+        (``scripts/plain.py``; ``include/ready.lua`` derives the same name)."""
+        return self.ready_prefix + "in"
 
     def schedule(self, name: str) -> str:
         """Last fired tick of the periodic job ``name``."""

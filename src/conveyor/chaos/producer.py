@@ -78,12 +78,21 @@ class Producer:
             else:
                 now.append(item)
         work = self.tasks.work
-        if p.tenants:  # a tenant per batch: the limits of the run apply per tenant too
-            work = work.options(tenant=f"t{rng.randrange(p.tenants)}")
         self._batches += 1
+        # One batch in three has no tenant and is enqueued a job per call: plain enqueues
+        # (one MULTI each, scripts/plain.py). The others go to a tenant each (the limits of
+        # the run apply per tenant too), all in one call.
+        single = self._batches % 3 == 0
+        if p.tenants and not single:
+            work = work.options(tenant=f"t{rng.randrange(p.tenants)}")
         try:
             if len(now) >= 3 and self._batches % WORKFLOW_EVERY == 0:
                 self._workflow(now, work)
+            elif now and single:
+                for label, seconds in now:
+                    job = work.enqueue(label, seconds)
+                    self._keep("work", label, job)
+                    self.enqueued += 1
             elif now:
                 jobs = work.enqueue_many(now)
                 for (label, _), job in zip(now, jobs, strict=True):

@@ -48,6 +48,9 @@ class Tenants:
 
     levels: list[PriorityLevel]
     top: list[tuple[str, int]]
+    #: jobs without a tenant a plain enqueue queued that no fetch has put on their
+    #: priority's list yet (``QueueKeys.inbox``); counted ready, not yet in ``levels``
+    incoming: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +84,10 @@ def _text(value: Any) -> str:
 def read_tenants(app: Conveyor, queue: str, most: int = 25, top: int = 10) -> Tenants:
     """Two round trips: the levels with their rings, then each shown tenant's length."""
     k = app.keys(queue)
-    levels = [_text(p) for p in app.redis.zrange(k.priorities, 0, -1, desc=True)]
+    with app.redis.pipeline(transaction=False) as pipe:
+        pipe.zrange(k.priorities, 0, -1, desc=True).llen(k.inbox)
+        found, incoming = pipe.execute()
+    levels = [_text(p) for p in found]
     with app.redis.pipeline(transaction=False) as pipe:
         for level in levels:
             pipe.llen(k.ring(level)).lrange(k.ring(level), 0, most - 1)
@@ -99,7 +105,7 @@ def read_tenants(app: Conveyor, queue: str, most: int = 25, top: int = 10) -> Te
                          key=lambda pair: -pair[1])
         largest.update(dict(counted))
         out.append(PriorityLevel(untrusted.integer(level), counted, ring_len))
-    return Tenants(out, largest.most_common(top))
+    return Tenants(out, largest.most_common(top), int(incoming))
 
 
 def read_jobs(app: Conveyor, queue: str, state: str, offset: int = 0,

@@ -15,12 +15,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from redis.asyncio import Redis as AsyncRedis
 from redis.cluster import RedisCluster
 from redis.commands.core import AsyncScript, Script
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
+
+from ..clock import TIME_COMMAND, from_reply
+from . import plain
+
+if TYPE_CHECKING:
+    from ..keys import QueueKeys
+    from .calls import JobSpec, Limits
 
 T = TypeVar("T")
 Arg = str | bytes | int | float
@@ -185,6 +192,17 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _single_record(call: ScriptCall[Any]) -> str | None:
+    """The record key of the one job an enqueue call stores (None for other calls). A call
+    sent on a connection that broke before its reply may have run; sent again, it would
+    write the job a second time, and could undo a worker's lease of it. So before it is
+    sent again the record is looked for: if there, the call ran (a script is all or
+    nothing) and its reply would have been 1, the jobs stored."""
+    if call.name != "enqueue" or len(call.args) != call.fixed + 2:
+        return None
+    return f"{call.keys[0]}{_text(call.args[call.fixed])}"
+
+
 @dataclass(frozen=True, slots=True)
 class ScriptCall(Generic[T]):
     """One invocation of a script: its name, KEYS, ARGV and how to read its reply."""
@@ -214,6 +232,29 @@ class ScriptRunner:
         #: whether :meth:`queue` may add calls to this client's pipelines
         self.pipelined = not isinstance(client, RedisCluster)
         self._pool = getattr(client, "connection_pool", None) if self.pipelined else None
+        self._plain = plain.PlainEnqueue()
+        self._kept = plain.Kept(self._pool)
+
+    def enqueue_one(self, k: QueueKeys, spec: JobSpec, limits: Limits, job: tuple[str, bytes],
+                    call: Callable[[], ScriptCall[list[tuple[str, bool]]]]
+                    ) -> list[tuple[str, bool]]:
+        """Store one job in one round trip: as a plain MULTI when it :func:`~.plain.fits`
+        (see :mod:`.plain`), else by the enqueue script ``call()`` makes. Until this
+        process has read the server's clock, the script is sent with a ``TIME`` behind it."""
+        if self._pool is None or not plain.fits(spec):
+            return self.run(call())
+        if not self._plain.ready():
+            script_call = call()
+            return script_call.parse(self._send(script_call, self._pool, timed=True))
+        self.enqueue_plain(k, spec, limits, *job)
+        return [(job[0], True)]
+
+    def enqueue_plain(self, k: QueueKeys, spec: JobSpec, limits: Limits, short_id: str,
+                      args: bytes, now_ms: float | None = None) -> None:
+        """Store one job that :func:`.plain.fits` as one MULTI (the clock read already, or
+        ``now_ms`` given)."""
+        message, queued = self._plain.pack(k, spec, limits, short_id, args, now_ms)
+        plain.send(self._plain, self._kept, message, queued, k.job(short_id))
 
     def run(self, call: ScriptCall[T], client: Any = None) -> T:
         """Execute ``call`` on ``client`` (default: the client this runner was made with).
@@ -225,23 +266,46 @@ class ScriptRunner:
         reply = self._scripts[call.name](keys=call.keys, args=call.args, client=client)
         return call.parse(reply)
 
-    def _send(self, call: ScriptCall[Any], pool: Any) -> Any:
+    def _send(self, call: ScriptCall[Any], pool: Any, timed: bool = False) -> Any:
         """EVALSHA straight on a pooled connection: the hot path of a single enqueue, with
         the client's own retry of connection errors and a reload on NOSCRIPT, but not its
-        per-command layers."""
+        per-command layers. ``timed``: a ``TIME`` follows, and sets the plain path's clock."""
         script = self._scripts[call.name]
         conn = pool.get_connection()
+        record, sent = _single_record(call), False
         try:
             def once() -> Any:
-                conn.send_packed_command([self._packer.pack(call, script.sha)])
-                return conn.read_response()
+                nonlocal sent
+                if sent and record is not None:  # it may have run: see _single_record
+                    conn.send_command("EXISTS", record)
+                    if conn.read_response():
+                        return 1
+                sent = True
+                message = self._packer.pack(call, script.sha)
+                if not timed:
+                    conn.send_packed_command([message])
+                    return conn.read_response()
+                conn.send_packed_command([message, TIME_COMMAND])
+                try:
+                    reply = conn.read_response()
+                except ResponseError as exc:  # NOSCRIPT or the script's own error
+                    reply = exc
+                self._plain.observe(from_reply(conn.read_response()))
+                if isinstance(reply, ResponseError):
+                    raise reply
+                return reply
 
             try:
                 return conn.retry.call_with_retry(once, lambda _error: conn.disconnect())
-            except NoScriptError:
+            except NoScriptError:  # it did not run
+                sent = False
                 conn.send_command("SCRIPT", "LOAD", script.script)
                 script.sha = _text(conn.read_response())
                 return conn.retry.call_with_retry(once, lambda _error: conn.disconnect())
+            except plain.BROKEN:
+                if record is None:
+                    raise
+                return once()  # once more: the record check makes a second send safe
         finally:
             pool.release(conn)
 
@@ -280,6 +344,27 @@ class AsyncScriptRunner:
         #: whether :meth:`send_all` may pipeline (a cluster's pipelines refuse scripts)
         self.pipelined = hasattr(client, "connection_pool")
         self._pool = client.connection_pool if self.pipelined else None
+        self._plain = plain.PlainEnqueue()
+        self._kept = plain.AsyncKept(self._pool)
+
+    async def enqueue_one(self, k: QueueKeys, spec: JobSpec, limits: Limits,
+                          job: tuple[str, bytes],
+                          call: Callable[[], ScriptCall[list[tuple[str, bool]]]]
+                          ) -> list[tuple[str, bool]]:
+        """The async twin of :meth:`ScriptRunner.enqueue_one`."""
+        if self._pool is None or not plain.fits(spec):
+            return await self.run(call())
+        if not self._plain.ready():
+            script_call = call()
+            return script_call.parse(await self._send(script_call, self._pool, timed=True))
+        await self.enqueue_plain(k, spec, limits, *job)
+        return [(job[0], True)]
+
+    async def enqueue_plain(self, k: QueueKeys, spec: JobSpec, limits: Limits,
+                            short_id: str, args: bytes, now_ms: float | None = None) -> None:
+        """The async twin of :meth:`ScriptRunner.enqueue_plain`."""
+        message, queued = self._plain.pack(k, spec, limits, short_id, args, now_ms)
+        await plain.asend(self._plain, self._kept, message, queued, k.job(short_id))
 
     async def run(self, call: ScriptCall[T], client: Any = None) -> T:
         if client is None and self._pool is not None and call.name in DIRECT:
@@ -289,24 +374,47 @@ class AsyncScriptRunner:
         )
         return call.parse(reply)
 
-    async def _send(self, call: ScriptCall[Any], pool: Any) -> Any:
+    async def _send(self, call: ScriptCall[Any], pool: Any, timed: bool = False) -> Any:
         """The async twin of :meth:`ScriptRunner._send`."""
         script = self._scripts[call.name]
         conn = await pool.get_connection()
+        record, sent = _single_record(call), False
         try:
             async def once() -> Any:
-                await conn.send_packed_command([self._packer.pack(call, script.sha)])
-                return await conn.read_response()
+                nonlocal sent
+                if sent and record is not None:
+                    await conn.send_command("EXISTS", record)
+                    if await conn.read_response():
+                        return 1
+                sent = True
+                message = self._packer.pack(call, script.sha)
+                if not timed:
+                    await conn.send_packed_command([message])
+                    return await conn.read_response()
+                await conn.send_packed_command([message, TIME_COMMAND])
+                try:
+                    reply = await conn.read_response()
+                except ResponseError as exc:
+                    reply = exc
+                self._plain.observe(from_reply(await conn.read_response()))
+                if isinstance(reply, ResponseError):
+                    raise reply
+                return reply
 
             async def drop(_error: BaseException) -> None:
                 await conn.disconnect()
 
             try:
                 return await conn.retry.call_with_retry(once, drop)
-            except NoScriptError:
+            except NoScriptError:  # it did not run
+                sent = False
                 await conn.send_command("SCRIPT", "LOAD", script.script)
                 script.sha = _text(await conn.read_response())
                 return await conn.retry.call_with_retry(once, drop)
+            except plain.BROKEN:
+                if record is None:
+                    raise
+                return await once()
         finally:
             await pool.release(conn)
 

@@ -35,7 +35,7 @@ def tenants(app: Conveyor, queue: str) -> dict[str, Any]:
                    "tenants": [{"tenant": t, "ready": n} for t, n in level.tenants],
                    "ready": level.ready, "tenant_count": level.tenant_count,
                    "hidden": level.hidden} for level in seen.levels]
-    return {"priorities": priorities,
+    return {"priorities": priorities, "incoming": seen.incoming,
             "top_tenants": [{"tenant": t, "ready": n} for t, n in seen.top]}
 
 

@@ -96,10 +96,11 @@ local function claim_limited(k, lim, now, want, take)
 end
 
 -- Lease up to `want` ready jobs with take(id), under the queue's limits when it has any
--- (claim_limited) or straight from the ready lists when not: what fetch and a hand-off
--- both claim with. Returns the number leased, the queue bucket's refill time (or nil) and
--- the limits (nil when none).
+-- (claim_limited) or straight from the ready lists when not, once the inbox's jobs are on
+-- their lists: what fetch and a hand-off both claim with. Returns the number leased, the
+-- queue bucket's refill time (or nil) and the limits (nil when none).
 local function claim_ready(k, now, want, take)
+  absorb_inbox(k.ready_prefix, k.ring_prefix, k.priorities)
   local lim = read_limits(k.limits)
   if lim then
     flow_unpark_due(k, now, 1000)

@@ -1,9 +1,30 @@
 -- Ready jobs: one list per (priority, tenant); a ring of tenants per priority that have
 -- ready jobs; a zset of priorities that have a ring. A tenant is in its ring exactly
 -- while its list is non-empty, so popping is O(1) in tenants and jobs.
+--
+-- A plain single enqueue (conveyor/scripts/plain.py) runs no script: it stores the record
+-- and appends '<id>' (default priority) or '<id>|<priority>' to the queue's inbox, a list
+-- at ready_prefix .. 'in', in one MULTI. The inbox holds jobs without a tenant only, and
+-- its jobs are counted ready. Before ready jobs are claimed, absorb_inbox moves them onto
+-- their priority's list; while the inbox is not empty, jobs without a tenant that join the
+-- back of a list go to the inbox too, so the order within a priority stays the enqueue order.
+--@include job_record
+
+local INBOX_SUFFIX = 'in'  -- keep in step with conveyor.keys.QueueKeys.inbox
+local ABSORB_LIMIT = 10000  -- inbox entries moved per call: a huge inbox empties over calls
+
+local function inbox_entry(id, priority)
+  if priority == DEFAULT_PRIORITY then return id end
+  return id .. '|' .. priority
+end
 
 -- Append (or, for jobs that have already waited, prepend) a job to its tenant's list.
 local function push_ready(ready_prefix, ring_prefix, priorities, id, priority, tenant, front)
+  local inbox = ready_prefix .. INBOX_SUFFIX
+  if not front and tenant == '' and redis.call('LLEN', inbox) > 0 then
+    redis.call('RPUSH', inbox, inbox_entry(id, priority))
+    return
+  end
   local list = ready_prefix .. priority .. ':' .. tenant
   local n
   if front then n = redis.call('LPUSH', list, id) else n = redis.call('RPUSH', list, id) end
@@ -13,8 +34,8 @@ local function push_ready(ready_prefix, ring_prefix, priorities, id, priority, t
   end
 end
 
--- Append a batch of jobs of one priority and tenant (one RPUSH per thousand).
-local function push_ready_many(ready_prefix, ring_prefix, priorities, ids, priority, tenant)
+-- Append a batch of jobs of one priority and tenant to their list (one RPUSH per thousand).
+local function list_ready_many(ready_prefix, ring_prefix, priorities, ids, priority, tenant)
   local list = ready_prefix .. priority .. ':' .. tenant
   local length = 0
   for i = 1, #ids, 1000 do
@@ -24,6 +45,39 @@ local function push_ready_many(ready_prefix, ring_prefix, priorities, ids, prior
     redis.call('RPUSH', ring_prefix .. priority, tenant)
     redis.call('ZADD', priorities, priority, priority)
   end
+end
+
+-- Append a batch of jobs of one priority and tenant: to their list, or behind the inbox's.
+local function push_ready_many(ready_prefix, ring_prefix, priorities, ids, priority, tenant)
+  local inbox = ready_prefix .. INBOX_SUFFIX
+  if tenant == '' and #ids > 0 and redis.call('LLEN', inbox) > 0 then
+    local entries = {}
+    for i, id in ipairs(ids) do entries[i] = inbox_entry(id, priority) end
+    for i = 1, #entries, 1000 do
+      redis.call('RPUSH', inbox, unpack(entries, i, math.min(i + 999, #entries)))
+    end
+    return
+  end
+  list_ready_many(ready_prefix, ring_prefix, priorities, ids, priority, tenant)
+end
+
+-- Move the inbox's jobs (up to ABSORB_LIMIT) onto their priorities' lists, in order. An
+-- entry without a readable priority goes to the default one whole: an id that names no
+-- record is skipped when it is popped, as any stray entry of a ready list.
+local function absorb_inbox(ready_prefix, ring_prefix, priorities)
+  local entries = redis.call('LPOP', ready_prefix .. INBOX_SUFFIX, ABSORB_LIMIT)
+  if not entries then return end
+  local run, level = {}, nil
+  for _, entry in ipairs(entries) do
+    local id, priority = string.match(entry, '^(.+)|(%d)$')
+    if not id then id, priority = entry, DEFAULT_PRIORITY end
+    if priority ~= level then
+      if #run > 0 then list_ready_many(ready_prefix, ring_prefix, priorities, run, level, '') end
+      run, level = {}, priority
+    end
+    run[#run + 1] = id
+  end
+  list_ready_many(ready_prefix, ring_prefix, priorities, run, level, '')
 end
 
 -- Take the next job id: highest priority first, tenants round robin within it.

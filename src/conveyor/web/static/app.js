@@ -148,10 +148,12 @@
           for (const r of data.advice.reasons || []) ul.append(el("li", { text: r }));
           box.append(ul);
         }
-        fill(prio, data.priorities.map((p) => el("tr", {},
+        const levels = data.priorities.map((p) => el("tr", {},
           cell(String(p.priority), "n"), cell(fmt.int(p.ready) + (p.hidden ? "+" : ""), "n"), cell(fmt.int(p.tenant_count), "n"),
-          cell(p.tenants.slice(0, 5).map((t) => `${t.tenant} (${t.ready})`).join(", ") + (p.hidden ? ` … ${p.hidden} more` : "")))),
-          "Nothing ready.", 4);
+          cell(p.tenants.slice(0, 5).map((t) => `${t.tenant} (${t.ready})`).join(", ") + (p.hidden ? ` … ${p.hidden} more` : ""))));
+        if (data.incoming) levels.push(el("tr", { title: "enqueued without a tenant; a worker's next fetch puts them on their priority's list" },
+          cell("new"), cell(fmt.int(data.incoming), "n"), cell("—", "n"), cell("(none)")));
+        fill(prio, levels, "Nothing ready.", 4);
         const total = data.top_tenants.reduce((s, t) => s + t.ready, 0) || 1;
         fill(ten, data.top_tenants.map((t) => {
           const bar = el("div", { class: "bar" }, el("span", { style: `width:${(100 * t.ready / total).toFixed(1)}%` }));

@@ -1,0 +1,392 @@
+"""A plain single enqueue, sent as one MULTI of plain commands instead of a script.
+
+``enqueue.lua`` does all an enqueue may need: delays, dedupe keys, debounce, throttles,
+periodic claims, tenants' turns, a hand-off to an idle worker. A job that needs none of
+these (ready now, no tenant, no key) needs only its record, its place in the queue, its
+ready count, its metric and a wake-up marker: a handful of plain commands, which a
+``MULTI``/``EXEC`` applies as one step, at about a quarter of the script's cost to the
+Redis server. Its place is the queue's inbox (``QueueKeys.inbox``): the record's id, with
+its priority when that is not the default; the next claim moves the inbox's jobs onto their
+priorities' lists in order (``include/ready.lua``, ``absorb_inbox``), so a job is counted,
+found by its id and cancelled like any other ready job from the moment the MULTI ran.
+
+The enqueue time on the record comes from this process's estimate of the server's clock
+(:class:`~conveyor.clock.ServerClock`), renewed by a ``TIME`` inside the MULTI at most
+every :data:`CLOCK_REFRESH_S` seconds; before the first estimate the script path is taken.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .. import record
+from ..clock import TIME_COMMAND, ServerClock, from_reply
+
+if TYPE_CHECKING:
+    from ..keys import QueueKeys
+    from .calls import JobSpec, Limits
+
+CLOCK_REFRESH_S = 1.0  # longest a plain enqueue trusts its clock estimate unrenewed
+_TRACE_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+@lru_cache(maxsize=1024)
+def fits(spec: JobSpec) -> bool:
+    """Whether jobs of ``spec`` may take the plain path: ready at once, no tenant, no key,
+    and options the script would accept (the script reports bad ones by name)."""
+    return (not spec.tenant and not spec.key and spec.delay_ms is None and spec.at_ms is None
+            and spec.debounce_ms is None and spec.debounce_max_ms is None
+            and spec.throttle_ms is None and bool(spec.task)
+            and type(spec.priority) is int and 0 <= spec.priority <= 9
+            and type(spec.max_attempts) is int and spec.max_attempts >= 1
+            and type(spec.visibility_ms) is int and spec.visibility_ms > 0
+            and (spec.trace == "" or (len(spec.trace) == 32 and set(spec.trace) <= _TRACE_DIGITS)))
+
+
+def _bulk(value: str | bytes | int) -> bytes:
+    data = value if isinstance(value, bytes) else str(value).encode()
+    return b"$%d\r\n%b\r\n" % (len(data), data)
+
+
+def _command(*parts: str | bytes | int) -> bytes:
+    return b"*%d\r\n" % len(parts) + b"".join(map(_bulk, parts))
+
+
+class _Shape:
+    """What stays the same from one job of a task and its options to the next, encoded
+    once: the record's fixed fields, the inbox entry's suffix and the fixed commands."""
+
+    def __init__(self, k: QueueKeys, spec: JobSpec, limits: Limits) -> None:
+        fixed: list[str | int] = [record.TASK, spec.task, record.STATE, "ready"]
+        optional: list[str | int] = []
+        if spec.priority != record.DEFAULT_PRIORITY:
+            optional += [record.PRIORITY, spec.priority]
+        if spec.max_attempts != record.DEFAULT_MAX_ATTEMPTS:
+            optional += [record.MAX_ATTEMPTS, spec.max_attempts]
+        if spec.visibility_ms != record.DEFAULT_VISIBILITY_MS:
+            optional += [record.VISIBILITY_MS, spec.visibility_ms]
+        if spec.trace:
+            optional += ["tr", spec.trace]
+        # HSET <key> t <task> s ready e <ms> [options] a <args>: 2 + 6 + options + 2 parts
+        self.hset_head = b"*%d\r\n" % (10 + len(optional)) + _bulk("HSET")
+        self.fields_before_e = b"".join(map(_bulk, fixed)) + _bulk(record.ENQUEUED_MS)
+        self.fields_after_e = b"".join(map(_bulk, optional)) + _bulk(record.ARGS)
+        self.job_prefix = k.job_prefix
+        self.entry_suffix = "" if spec.priority == record.DEFAULT_PRIORITY else f"|{spec.priority}"
+        self.rpush_head = b"*3\r\n" + _bulk("RPUSH") + _bulk(k.inbox)
+        self.middle = _command("HINCRBY", k.counts, "ready", 1)
+        self.metric = _bulk(f"{spec.task}|enqueued")
+        self.metrics_prefix = k.metrics_prefix
+        self.bucket_seconds = limits.bucket_seconds
+        self.bucket_ttl = b"%d" % limits.bucket_ttl
+        self.wake = _command("LPUSH", k.wake, "1") + _command("LTRIM", k.wake, 0, 0)
+
+
+_MULTI = _command("MULTI")
+_EXEC = _command("EXEC")
+
+
+class PlainEnqueue:
+    """Builds the MULTI of plain single enqueues and reads its replies; one per client."""
+
+    LIMIT = 1024  # shapes kept; then they are forgotten and made again
+
+    def __init__(self, clock: ServerClock | None = None) -> None:
+        self.clock = clock or ServerClock()
+        self._shapes: dict[tuple[QueueKeys, JobSpec, Limits], _Shape] = {}
+        self._renewed = -float("inf")  # monotonic time of the latest TIME read
+
+    def ready(self) -> bool:
+        """Whether the clock has been read: until then, enqueues take the script path."""
+        return self._renewed > -float("inf")
+
+    def observe(self, server_s: float) -> None:
+        """Set the clock estimate from a server time read just now (epoch seconds)."""
+        self.clock.observe(server_s * 1000)
+        self._renewed = time.monotonic()
+
+    def pack(self, k: QueueKeys, spec: JobSpec, limits: Limits, short_id: str,
+             args: bytes, now_ms: float | None = None) -> tuple[bytes, int]:
+        """The bytes to send, and how many replies precede EXEC's (MULTI's and QUEUEDs).
+
+        :param now_ms: the enqueue time to store (tests); default the clock's estimate
+        """
+        shape = self._shapes.get((k, spec, limits))
+        if shape is None:
+            if len(self._shapes) >= self.LIMIT:
+                self._shapes.clear()
+            shape = self._shapes[(k, spec, limits)] = _Shape(k, spec, limits)
+        ask_time = time.monotonic() - self._renewed > CLOCK_REFRESH_S
+        if now_ms is None:
+            now_ms = self.clock.now() * 1000
+        start = int(now_ms / 1000 / shape.bucket_seconds) * shape.bucket_seconds
+        bucket = _bulk(f"{shape.metrics_prefix}{start}")
+        parts = [
+            _MULTI,
+            shape.hset_head, _bulk(shape.job_prefix + short_id), shape.fields_before_e,
+            _bulk(int(now_ms)), shape.fields_after_e, _bulk(args),
+            shape.rpush_head, _bulk(short_id + shape.entry_suffix),
+            shape.middle,
+            b"*4\r\n$7\r\nZINCRBY\r\n", bucket, b"$1\r\n1\r\n", shape.metric,
+            b"*3\r\n$6\r\nEXPIRE\r\n", bucket, _bulk(shape.bucket_ttl),
+            shape.wake,
+        ]
+        if ask_time:
+            parts.append(TIME_COMMAND)
+        parts.append(_EXEC)
+        return b"".join(parts), 8 + ask_time
+
+    def parse(self, replies: list[Any]) -> None:
+        """Check EXEC's replies (an error in one raises it); note the server time if read."""
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise reply
+        if len(replies) > 7:
+            self.observe(from_reply(replies[7]))
+
+
+KEEP_SECONDS = 1.0  # a kept connection goes back to its pool and is taken again this often
+BROKEN = (RedisConnectionError, RedisTimeoutError)  # the connection is out of step: drop it
+_forks = threading.Lock()
+
+
+class Kept:
+    """The pooled connection a runner keeps for its plain enqueues: checking one out of the
+    pool and back costs about a third of a plain enqueue's client time. A call that finds it
+    in use (another thread's enqueue) takes one from the pool as before. It goes back to the
+    pool and is taken again every :data:`KEEP_SECONDS`, so that what the pool does at
+    checkout still happens (a Sentinel pool follows a failover there); it is dropped after a
+    connection error, and a forked child starts without it."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._conn: Any = None
+        self._since = 0.0
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def take(self) -> Any:
+        """The connection, held until :meth:`give_back`; None if another call holds it."""
+        if self._pid != os.getpid():
+            with _forks:  # the parent's socket and lock are not this process's
+                if self._pid != os.getpid():
+                    self._conn, self._lock, self._pid = None, threading.Lock(), os.getpid()
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._conn is not None and time.monotonic() - self._since >= KEEP_SECONDS:
+                conn, self._conn = self._conn, None
+                self.pool.release(conn)
+            if self._conn is None:
+                self._conn, self._since = self.pool.get_connection(), time.monotonic()
+        except BaseException:
+            self._lock.release()
+            raise
+        return self._conn
+
+    def give_back(self, broken: bool = False) -> None:
+        if broken:
+            self._conn.disconnect()  # redis-py connects it again on its next use
+        self._lock.release()
+
+
+class AsyncKept:
+    """:class:`Kept` for one event loop's runner (one call at a time uses it)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._conn: Any = None
+        self._since = 0.0
+        self._busy = False
+
+    async def take(self) -> Any:
+        if self._busy:
+            return None
+        self._busy = True
+        try:
+            if self._conn is not None and time.monotonic() - self._since >= KEEP_SECONDS:
+                conn, self._conn = self._conn, None
+                await self.pool.release(conn)
+            if self._conn is None:
+                self._conn, self._since = await self.pool.get_connection(), time.monotonic()
+        except BaseException:
+            self._busy = False
+            raise
+        return self._conn
+
+    async def give_back(self, broken: bool = False) -> None:
+        try:
+            if broken:
+                await self._conn.disconnect()
+        finally:
+            self._busy = False
+
+
+def _exchange(conn: Any, message: bytes, queued: int) -> list[Any]:
+    """Send a packed MULTI and read every reply; EXEC's, or the error that aborted it."""
+    conn.send_packed_command([message])
+    refused = None
+    for _ in range(queued):  # +OK, +QUEUED; a command refused here (OOM) fails EXEC
+        try:
+            conn.read_response()
+        except ResponseError as exc:
+            refused = refused or exc
+    return _exec_reply(conn.read_response, refused)
+
+
+async def _aexchange(conn: Any, message: bytes, queued: int) -> list[Any]:
+    await conn.send_packed_command([message])
+    refused = None
+    for _ in range(queued):
+        try:
+            await conn.read_response()
+        except ResponseError as exc:
+            refused = refused or exc
+    try:
+        reply = await conn.read_response()
+    except ResponseError as exc:
+        raise refused or exc from None
+    return reply  # type: ignore[no-any-return]
+
+
+_BUSY, _BROKE = "busy", "broke"  # what became of a send on the kept connection
+
+
+def send(plain: PlainEnqueue, kept: Kept, message: bytes, queued: int, record_key: str
+         ) -> None:
+    """Send a packed MULTI and check its replies: on the kept connection when it is free,
+    else on a pooled one. A MULTI sent on a connection that broke before its reply may
+    have run: before it is sent again (once) the job's record is looked for, and if it is
+    there the job is stored (a MULTI is all or nothing) and is not stored twice (a second
+    write could undo a worker's lease of it)."""
+    first = _on_kept(kept, message, queued)
+    if isinstance(first, list):
+        plain.parse(first)
+        return
+    replies = _on_pool(kept.pool, message, queued, record_key, sent=first == _BROKE)
+    if replies is not None:
+        plain.parse(replies)
+
+
+def _on_kept(kept: Kept, message: bytes, queued: int) -> list[Any] | str:
+    conn = kept.take()
+    if conn is None:
+        return _BUSY
+    try:
+        replies = _exchange(conn, message, queued)
+    except ResponseError:  # every reply was read: the connection is in step
+        kept.give_back()
+        raise
+    except BROKEN:
+        kept.give_back(broken=True)
+        return _BROKE
+    except BaseException:
+        kept.give_back(broken=True)
+        raise
+    kept.give_back()
+    return replies
+
+
+def _on_pool(pool: Any, message: bytes, queued: int, record_key: str, sent: bool
+             ) -> list[Any] | None:
+    """EXEC's replies, or None when the record shows that an earlier send ran. Two sends
+    at most in all: one more after a broken one, unless the kept connection's was that."""
+    spare = not sent
+    conn = pool.get_connection()
+
+    def attempt() -> list[Any] | None:
+        nonlocal sent
+        if sent:
+            conn.send_command("EXISTS", record_key)
+            if conn.read_response():
+                return None
+        sent = True
+        return _exchange(conn, message, queued)
+
+    try:
+        try:
+            return conn.retry.call_with_retry(  # type: ignore[no-any-return]
+                attempt, lambda _error: conn.disconnect())
+        except BROKEN:
+            if not spare:
+                raise
+            return attempt()
+    finally:
+        pool.release(conn)
+
+
+async def asend(plain: PlainEnqueue, kept: AsyncKept, message: bytes, queued: int,
+                record_key: str) -> None:
+    """The async twin of :func:`send`."""
+    first = await _aon_kept(kept, message, queued)
+    if isinstance(first, list):
+        plain.parse(first)
+        return
+    replies = await _aon_pool(kept.pool, message, queued, record_key, sent=first == _BROKE)
+    if replies is not None:
+        plain.parse(replies)
+
+
+async def _aon_kept(kept: AsyncKept, message: bytes, queued: int) -> list[Any] | str:
+    conn = await kept.take()
+    if conn is None:
+        return _BUSY
+    try:
+        replies = await _aexchange(conn, message, queued)
+    except ResponseError:
+        await kept.give_back()
+        raise
+    except BROKEN:
+        await kept.give_back(broken=True)
+        return _BROKE
+    except BaseException:
+        await kept.give_back(broken=True)
+        raise
+    await kept.give_back()
+    return replies
+
+
+async def _aon_pool(pool: Any, message: bytes, queued: int, record_key: str, sent: bool
+                    ) -> list[Any] | None:
+    spare = not sent
+    conn = await pool.get_connection()
+
+    async def attempt() -> list[Any] | None:
+        nonlocal sent
+        if sent:
+            await conn.send_command("EXISTS", record_key)
+            if await conn.read_response():
+                return None
+        sent = True
+        return await _aexchange(conn, message, queued)
+
+    async def drop(_error: BaseException) -> None:
+        await conn.disconnect()
+
+    try:
+        try:
+            return await conn.retry.call_with_retry(attempt, drop)  # type: ignore[no-any-return]
+        except BROKEN:
+            if not spare:
+                raise
+            return await attempt()
+    finally:
+        await pool.release(conn)
+
+
+def _exec_reply(read: Callable[[], Any], refused: ResponseError | None) -> list[Any]:
+    """EXEC's reply; when it aborted, the error of the command that made it (every reply
+    has been read either way, so the connection stays usable)."""
+    try:
+        return read()  # type: ignore[no-any-return]
+    except ResponseError as exc:
+        raise refused or exc from None

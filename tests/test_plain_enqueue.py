@@ -1,0 +1,354 @@
+"""The plain single enqueue (``scripts/plain.py``): one MULTI onto the queue's inbox.
+
+A job with no delay, tenant or key is stored without a script. These tests hold it to the
+script's results: the same record, the same counts and metrics, the same place in line
+(enqueue order within a priority, also mixed with jobs the script stored), and the same
+behaviour when Redis refuses the write or meets a mangled key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import conveyor
+from conveyor import record, testing
+from conveyor.faults.proxy import Proxy
+from conveyor.scripts import calls, plain
+from helpers import RedisServer, wait_until
+
+Q = "plain"
+
+
+@pytest.fixture
+def server(make_server: type[RedisServer]) -> Iterator[RedisServer]:
+    """A private server: these tests read its command statistics and set its memory."""
+    yield make_server().start()
+
+
+@pytest.fixture
+def papp(server: RedisServer) -> Iterator[conveyor.Conveyor]:
+    app = conveyor.Conveyor(server.url, namespace="p")
+    yield app
+    app.close()
+
+
+def _task(app: conveyor.Conveyor) -> conveyor.Task[..., int]:
+    existing = app.tasks.get("plain.double")
+    if existing is not None:
+        return existing
+
+    @app.task(name="plain.double", queue=Q)
+    def double(x: int) -> int:
+        return 2 * x
+
+    return double
+
+
+def _commands(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def _fetch(app: conveyor.Conveyor, count: int = 100) -> list[str]:
+    fetched = app.scripts.run(calls.fetch(app.keys(Q), count, app.limits))
+    return [job.short_id for job in fetched.jobs]
+
+
+def _warm(app: conveyor.Conveyor) -> conveyor.Task[..., int]:
+    """The task, with its queue known and this process's clock read: the first enqueue
+    to a queue registers it, and until the clock is read an enqueue runs the script with a
+    TIME behind it."""
+    task = _task(app)
+    task.enqueue(0)
+    task.enqueue(0)
+    _fetch(app)  # out of the way
+    return task
+
+
+def test_a_plain_enqueue_runs_no_script_and_writes_what_the_script_writes(
+    papp: conveyor.Conveyor, server: RedisServer,
+) -> None:
+    task = _warm(papp)
+    client = server.client()
+    client.config_resetstat()
+    job = task.enqueue(21)
+    used = _commands(client)
+    assert "evalsha" not in used and used["multi"] == used["exec"] == 1
+    k = papp.keys(Q)
+    assert client.lrange(k.inbox, 0, -1) == [job.short_id.encode()]
+    assert int(client.hget(k.counts, "ready")) == 1
+    # The same job stored by the script: records equal but for id-bound fields.
+    spec = calls.JobSpec("plain.double")
+    args = papp.codec.encode_args("plain.double", (21,), {}, None)
+    papp.scripts.run(calls.enqueue(k, spec, [("byscript", args)], papp.limits))
+    by_plain = client.hgetall(k.job(job.short_id))
+    by_script = client.hgetall(k.job("byscript"))
+    assert by_plain.keys() == by_script.keys() == {b"t", b"s", b"e", b"a"}
+    assert {f: v for f, v in by_plain.items() if f != b"e"} == \
+        {f: v for f, v in by_script.items() if f != b"e"}
+    server_ms = float(client.time()[0]) * 1000
+    assert abs(int(by_plain[b"e"]) - server_ms) < 2000
+    info = job.info()
+    assert info.state == conveyor.JobState.READY and info.priority == record.DEFAULT_PRIORITY
+    assert conveyor.Monitor(papp).backlog(Q).ready == 2
+    assert job.short_id in _fetch(papp) and client.llen(k.inbox) == 0
+
+
+def test_options_other_than_the_defaults_are_stored_and_read_back(
+    papp: conveyor.Conveyor,
+) -> None:
+    _warm(papp)
+
+    @papp.task(name="plain.patient", queue=Q, retries=6, visibility_timeout=12)
+    def patient(x: int) -> int:
+        return x
+
+    job = patient.options(priority=8).enqueue(1)
+    info = job.info()
+    assert (info.priority, info.max_attempts) == (8, 7)
+    assert papp.redis.hget(papp.keys(Q).job(job.short_id), record.VISIBILITY_MS) == b"12000"
+    assert papp.redis.lrange(papp.keys(Q).inbox, 0, -1) == [f"{job.short_id}|8".encode()]
+
+
+@pytest.mark.parametrize("options", [{"tenant": "acme"}, {"delay": 5.0}, {"key": "k1"}])
+def test_a_job_with_a_tenant_a_delay_or_a_key_takes_the_script(
+    papp: conveyor.Conveyor, server: RedisServer, options: dict[str, object],
+) -> None:
+    _warm(papp)
+    client = server.client()
+    client.config_resetstat()
+    _task(papp).options(**options).enqueue(1)  # type: ignore[arg-type]
+    used = _commands(client)
+    assert used.get("evalsha") == 1 and "multi" not in used
+
+
+def test_jobs_start_in_enqueue_order_within_a_priority_whichever_path_stored_them(
+    papp: conveyor.Conveyor,
+) -> None:
+    task = _warm(papp)
+    order = []
+    for i in range(9):
+        if i % 3 == 1:  # every third one through the script (a bulk call of one job)
+            order.extend(job.short_id for job in task.enqueue_many([i]))
+        else:
+            order.append(task.enqueue(i).short_id)
+    urgent = task.options(priority=9).enqueue(99)
+    assert _fetch(papp, 4) == [urgent.short_id, *order[:3]]
+    assert _fetch(papp, 100) == order[3:]
+
+
+def test_a_cancelled_job_in_the_inbox_never_runs(papp: conveyor.Conveyor) -> None:
+    task = _warm(papp)
+    doomed, kept = task.enqueue(1), task.enqueue(2)
+    assert doomed.cancel()
+    assert conveyor.Monitor(papp).backlog(Q).ready == 1
+    assert _fetch(papp) == [kept.short_id]
+    assert doomed.info().state == conveyor.JobState.CANCELLED
+    assert int(papp.redis.hget(papp.keys(Q).counts, "ready")) == 0
+
+
+def test_a_worker_runs_plain_jobs(papp: conveyor.Conveyor) -> None:
+    task = _warm(papp)
+    jobs = [task.enqueue(i) for i in range(20)]
+    testing.drain(papp, queues=[Q])
+    assert [job.result(timeout=5) for job in jobs] == [2 * i for i in range(20)]
+
+
+def test_a_refused_write_stores_nothing_and_the_connection_stays_usable(
+    papp: conveyor.Conveyor, server: RedisServer,
+) -> None:
+    task = _warm(papp)
+    client = server.client()
+    client.config_set("maxmemory", 1)  # every write is refused (OOM) from now on
+    try:
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            task.enqueue(1)
+    finally:
+        client.config_set("maxmemory", 0)
+    k = papp.keys(Q)
+    assert client.llen(k.inbox) == 0 and int(client.hget(k.counts, "ready") or 0) == 0
+    job = task.enqueue(2)  # the same pooled connection, in step again
+    assert _fetch(papp) == [job.short_id]
+
+
+def test_a_mangled_inbox_gives_the_error_that_names_it(
+    papp: conveyor.Conveyor, server: RedisServer,
+) -> None:
+    task = _warm(papp)
+    server.client().set(papp.keys(Q).inbox, "not a list")
+    with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+        task.enqueue(1)
+    server.client().delete(papp.keys(Q).inbox)
+    job = task.enqueue(2)
+    assert job.short_id in _fetch(papp)
+
+
+def test_mangled_inbox_entries_neither_stop_a_fetch_nor_run(papp: conveyor.Conveyor) -> None:
+    task = _warm(papp)
+    k = papp.keys(Q)
+    first = task.enqueue(1)
+    papp.redis.rpush(k.inbox, "nosuchjob|x", "|7", "nosuchjob|3", "")
+    last = task.enqueue(2)
+    assert _fetch(papp) == [first.short_id, last.short_id]
+    assert papp.redis.llen(k.inbox) == 0
+
+
+def test_a_huge_inbox_is_taken_over_several_fetches(papp: conveyor.Conveyor) -> None:
+    task = _warm(papp)
+    k = papp.keys(Q)
+    first = task.enqueue(0)
+    ids = [f"x{i}" for i in range(25_000)]  # ids without records: skipped when popped
+    for i in range(0, len(ids), 5000):
+        papp.redis.rpush(k.inbox, *ids[i:i + 5000])
+    assert _fetch(papp, 1) == [first.short_id]
+    left = papp.redis.llen(k.inbox)
+    assert 0 < left < len(ids)  # a fetch moves a bounded share, not all at once
+    while papp.redis.llen(k.inbox):
+        _fetch(papp, 1)
+    last = task.enqueue(1)
+    assert _fetch(papp) == [last.short_id]
+
+
+def test_the_async_api_takes_the_plain_path_too(
+    papp: conveyor.Conveyor, server: RedisServer,
+) -> None:
+    task = _task(papp)
+
+    async def main() -> list[str]:
+        await task.aenqueue(0)  # the queue known
+        await task.aenqueue(0)  # the clock read
+        client = server.client()
+        client.config_resetstat()
+        jobs = [await task.aenqueue(i) for i in range(1, 4)]
+        used = _commands(client)
+        assert "evalsha" not in used and used["multi"] == 3
+        return [job.short_id for job in jobs]
+
+    ids = asyncio.run(main())
+    assert _fetch(papp)[2:] == ids
+
+
+def test_the_clock_estimate_is_renewed_inside_the_multi(papp: conveyor.Conveyor) -> None:
+    task = _warm(papp)
+    runner = papp.scripts
+    runner._plain._renewed -= plain.CLOCK_REFRESH_S + 1  # stale
+    before = runner._plain._renewed
+    task.enqueue(1)
+    assert runner._plain._renewed > before
+    assert abs(runner._plain.clock.now() - time.time()) < 5
+
+
+# -- the kept connection -------------------------------------------------------------------
+
+
+def test_threads_enqueueing_at_once_share_the_kept_connection_safely(
+    papp: conveyor.Conveyor,
+) -> None:
+    task = _warm(papp)
+    ids: list[list[str]] = [[] for _ in range(4)]
+
+    def produce(mine: list[str]) -> None:
+        for i in range(300):
+            mine.append(task.enqueue(i).short_id)
+
+    threads = [threading.Thread(target=produce, args=(mine,)) for mine in ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    stored = {i for mine in ids for i in mine}
+    assert len(stored) == 1200
+    inbox = {m.decode() for m in papp.redis.lrange(papp.keys(Q).inbox, 0, -1)}
+    assert inbox == stored
+    assert int(papp.redis.hget(papp.keys(Q).counts, "ready")) == 1200
+
+
+def test_a_killed_kept_connection_costs_nothing_but_a_reconnect(
+    papp: conveyor.Conveyor, server: RedisServer,
+) -> None:
+    task = _warm(papp)
+    client = server.client()
+    for _ in range(3):
+        mine = client.client_id()
+        killed = client.client_kill_filter(_type="normal", skipme=True)
+        assert killed >= 1 and client.client_id() == mine
+        task.enqueue(1)
+    assert papp.redis.llen(papp.keys(Q).inbox) == 3  # each stored once
+
+
+def test_a_forked_child_enqueues_on_a_connection_of_its_own(papp: conveyor.Conveyor) -> None:
+    task = _warm(papp)
+    parent = task.enqueue(1)
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if its enqueue was stored
+        try:
+            child = task.enqueue(2)
+            os._exit(0 if child.info().state == conveyor.JobState.READY else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    after = task.enqueue(3)  # the parent's kept connection still in step
+    assert [parent.short_id, after.short_id] == [i for i in _fetch(papp)
+                                                 if i in (parent.short_id, after.short_id)]
+    assert papp.redis.llen(papp.keys(Q).inbox) == 0
+
+
+@pytest.mark.parametrize(("api", "tenant"), [("sync", ""), ("async", ""), ("sync", "acme")])
+def test_a_reply_lost_after_the_enqueue_ran_stores_the_job_once(
+    server: RedisServer, api: str, tenant: str,
+) -> None:
+    """The enqueue (a plain MULTI, or with a tenant the script) reaches Redis and runs,
+    then the connection breaks before its reply arrives: the retry finds the record and
+    does not store the job a second time (a second write would reset a record a worker
+    may have leased by then)."""
+    with Proxy(("127.0.0.1", server.port)) as proxy:
+        app = conveyor.Conveyor(proxy.url, namespace="lost")
+        task = _task(app)
+        job = task.options(tenant=tenant) if tenant else task
+        k = app.keys(Q)
+        direct = server.client()
+
+        def listed() -> int:
+            return sum(direct.llen(key) for key in direct.scan_iter(k.ready_prefix + "*"))
+
+        def arm() -> threading.Thread:
+            direct.delete(k.inbox, k.counts, *direct.scan_iter(k.ready_prefix + "*"))
+            proxy.delay(0.5)
+
+            def break_after_it_ran() -> None:
+                wait_until(lambda: direct.hget(k.counts, "ready"), 5, 0.005, "the write")
+                proxy.reset()  # the reply, held by the delay, never arrives
+                proxy.heal()
+
+            breaker = threading.Thread(target=break_after_it_ran)
+            breaker.start()
+            return breaker
+
+        async def aenqueue() -> None:
+            await task.aenqueue(0)
+            await task.aenqueue(0)
+            breaker = arm()
+            await job.aenqueue(1)
+            breaker.join(10)
+
+        try:
+            if api == "async":
+                asyncio.run(aenqueue())
+            else:
+                task.enqueue(0)
+                task.enqueue(0)
+                breaker = arm()
+                job.enqueue(1)
+                breaker.join(10)
+        finally:
+            app.close()
+        assert listed() == 1
+        assert int(direct.hget(k.counts, "ready")) == 1
