@@ -451,6 +451,11 @@ class PeerBench:
             if count >= target:
                 return now, count
             if not group.alive():
+                # The last worker may have added its final count on its way out, after
+                # the read above: read once more now that nothing can add to it.
+                count = self.server.counter(COUNTER_KEY)
+                if count >= target:
+                    return time.monotonic(), count
                 raise StepError(f"worker exited at {count}/{target}: {group.log_tail()}")
             if now > deadline:
                 if strict:

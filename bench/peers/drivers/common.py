@@ -126,6 +126,8 @@ class _LocalCounter:
         self.pending = 0
         self.owner = 0
         """pid that runs the flusher thread; 0 = none yet."""
+        self.flusher: threading.Thread | None = None
+        self.stopping = threading.Event()
 
     def bump(self) -> None:
         with self.lock:
@@ -137,18 +139,25 @@ class _LocalCounter:
         # lazy imports would hand the child a half-imported module (and a held lock).
         client = redis.Redis.from_url(redis_url())
         client.ping()
-        flusher = threading.Thread(
+        self.flusher = threading.Thread(
             target=self._flush_forever, args=(client,), name="bench-flush", daemon=True
         )
-        flusher.start()
+        self.flusher.start()
 
     def reset_in_child(self) -> None:
         self.lock = threading.Lock()
         self.pending = 0
         self.owner = 0
+        self.flusher = None
+        self.stopping = threading.Event()
 
     def flush_now(self) -> None:
-        """At exit: a burst worker that ends must not take its last completions along."""
+        """At exit: a burst worker that ends must not take its last completions along.
+        The flusher is stopped first: a daemon thread is killed at interpreter exit, and
+        one killed between taking the count and sending it would lose what it took."""
+        self.stopping.set()
+        if self.flusher is not None and self.owner == os.getpid():
+            self.flusher.join(5.0)
         n = self._take()
         if n:
             redis.Redis.from_url(redis_url()).incrby(COUNTER_KEY, n)
@@ -159,8 +168,7 @@ class _LocalCounter:
         return n
 
     def _flush_forever(self, client: redis.Redis) -> None:
-        while True:
-            time.sleep(FLUSH_INTERVAL_S)
+        while not self.stopping.wait(FLUSH_INTERVAL_S):
             n = self._take()
             if not n:
                 continue
