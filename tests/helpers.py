@@ -122,9 +122,29 @@ def running_worker(app: conveyor.Conveyor, **options: Any) -> Iterator[conveyor.
     finally:
         worker.stop()
         thread.join(30)
-        assert not thread.is_alive(), "worker did not stop"
+        assert not thread.is_alive(), f"worker did not stop:\n{where_stuck(worker, thread)}"
         if errors:
             raise errors[0]
+
+
+def where_stuck(worker: conveyor.Worker, thread: threading.Thread) -> str:
+    """The stuck worker's thread stack and its loop's unfinished tasks, for a failure
+    message that says where it hangs."""
+    import asyncio
+    import sys
+    import traceback
+
+    lines = ["worker thread:"]
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is not None:
+        lines += traceback.format_stack(frame)
+    loop = worker._loop
+    if loop is not None and not loop.is_closed():
+        for task in asyncio.all_tasks(loop):
+            lines.append(f"task {task.get_name()} {task.get_coro()!r}:")
+            for f in task.get_stack():
+                lines += traceback.format_stack(f, limit=1)
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
 
 def within_one_bucket(app: conveyor.Conveyor, read: Callable[[], Any]) -> Any:
