@@ -10,6 +10,7 @@ cron ticks. A loop that cannot be kept alive stops the worker loudly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -110,3 +111,37 @@ def test_idle_worker_wakes_after_blocking_call_errors(app: conveyor.Conveyor) ->
         started = time.monotonic()
         assert tasks["quick"].enqueue(1).result(timeout=10) == 1
         assert time.monotonic() - started < 5
+
+
+def test_a_task_that_swallows_its_cancellation_does_not_hold_the_stop(
+    app: conveyor.Conveyor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client call can swallow a cancellation (redis-py has had such bugs). A loop stuck
+    in one, and a stray task the worker left behind, must not keep the worker from
+    stopping: each step of the way out is bounded and names what it left."""
+    import conveyor.worker as worker_module
+
+    async def stubborn(worker: conveyor.Worker) -> None:
+        while True:  # takes every cancellation and carries on
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+
+    async def stray() -> None:
+        while True:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+
+    monkeypatch.setattr(worker_module, "listen_for_wakeups", stubborn)
+    monkeypatch.setattr(worker_module, "STOP_STEP_SECONDS", 1.0)
+    quick = app.task(name="quick", queue="q")(lambda n: n)
+    job = quick.enqueue(7)  # before the start: no wake listener to wake the worker
+    with running_worker(app, queues=["q"], concurrency=2) as worker:
+        assert job.result(timeout=10) == 7
+        assert worker._loop is not None
+        worker._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(stray()))
+        began = time.monotonic()
+    took = time.monotonic() - began
+    assert took < 15, f"the stop took {took:.1f} s"
+    logged = caplog.text
+    assert "wake listener did not stop" in logged and "stubborn" in logged
+    assert "did not stop within 1.0 s of being cancelled" in logged and "stray" in logged

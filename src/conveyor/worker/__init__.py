@@ -28,7 +28,7 @@ from .backoff import REDIS_ERRORS, pause_after
 from .executor import Executor, Held
 from .handoff import WAITER_TTL_MS, Waiting
 from .leases import keep_leases
-from .loops import LoopDied, Loops
+from .loops import LoopDied, Loops, where
 from .outbox import Outbox
 from .progress import ProgressWriter
 from .registry import keep_registered
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LoopDied", "Worker"]
 INTERRUPTED = "interrupted: the worker shut down"
+STOP_STEP_SECONDS = 5.0  # the longest a step of the way out that has no bound of its own may take
 
 log = logging.getLogger("conveyor.worker")
 
@@ -96,11 +97,16 @@ class Worker:
         try:
             import uvloop
 
-            loop_factory: Any = uvloop.new_event_loop
+            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
         except ImportError:
-            loop_factory = None
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(self.arun(burst=burst))
+            loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self.arun(burst=burst))
+        finally:
+            try:
+                _end_leftovers(loop, STOP_STEP_SECONDS)
+            finally:
+                loop.close()
 
     def stop(self) -> None:
         """Ask the worker to stop gracefully; safe to call from any thread or signal."""
@@ -167,7 +173,12 @@ class Worker:
             await leave_markers(self)
             self.executor.shutdown()
             self._remove_signals()
-            await self.app.aclose()
+            try:
+                async with asyncio.timeout(STOP_STEP_SECONDS):
+                    await self.app.aclose()
+            except TimeoutError:
+                log.warning("closing the worker's Redis connections took over %.0f s; left"
+                            " to the operating system", STOP_STEP_SECONDS)
             log.info("worker %s stopped after %d jobs", self.id, self.processed)
         if self.loops.fatal is not None:
             raise self.loops.fatal
@@ -485,3 +496,28 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in self._signals:
             loop.remove_signal_handler(sig)
+
+
+def _end_leftovers(loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+    """After the worker's coroutine ended: cancel whatever it left running and wait a
+    bounded time, then shut down async generators and the default executor, each bounded.
+    (``asyncio.Runner`` waits for all three without a bound: a task that swallowed its
+    cancellation inside a client call, or a stuck executor thread, would hold the stop.)"""
+    leftovers = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in leftovers:
+        task.cancel()
+    if leftovers:
+        _, stuck = loop.run_until_complete(asyncio.wait(leftovers, timeout=timeout))
+        for task in stuck:
+            log.warning("task %s did not stop within %.1f s of being cancelled (at %s); the"
+                        " worker exits without it", task.get_name(), timeout, where(task))
+
+    async def shut_down() -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await loop.shutdown_asyncgens()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await loop.shutdown_default_executor()
+
+    loop.run_until_complete(shut_down())

@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .backoff import pause_after
 
-__all__ = ["LoopDied", "Loops"]
+__all__ = ["LoopDied", "Loops", "where"]
 
 log = logging.getLogger("conveyor.worker")
 HEALTHY_AFTER = 30.0  # a loop that ran this long without failing starts its back-off afresh
@@ -87,4 +88,22 @@ class Loops:
         for task in self._tasks:
             task.cancel()
         if self._tasks:
-            await asyncio.wait(self._tasks, timeout=timeout)
+            _, stuck = await asyncio.wait(self._tasks, timeout=timeout)
+            for task in stuck:
+                log.warning("%s did not stop within %.1f s of being cancelled (at %s); the"
+                            " worker stops without it", task.get_name(), timeout, where(task))
+
+
+def where(task: asyncio.Task[Any]) -> str:
+    """Where ``task`` is suspended, outermost call first (the coroutine chain it awaits
+    down), for a log line about a task that hangs."""
+    steps = []
+    awaited: Any = task.get_coro()
+    while awaited is not None and len(steps) < 20:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
+        if frame is None:
+            break
+        steps.append(f"{frame.f_code.co_name} ({frame.f_code.co_filename.rsplit('/', 1)[-1]}"
+                     f":{frame.f_lineno})")
+        awaited = getattr(awaited, "cr_await", None)
+    return " > ".join(steps) or "no frame"
