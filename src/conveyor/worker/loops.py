@@ -97,7 +97,7 @@ class Loops:
 def where(task: asyncio.Task[Any]) -> str:
     """Where ``task`` is suspended, outermost call first (the coroutine chain it awaits
     down), for a log line about a task that hangs."""
-    steps = []
+    steps: list[str] = []
     awaited: Any = task.get_coro()
     while awaited is not None and len(steps) < 20:
         frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
