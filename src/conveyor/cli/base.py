@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
 
 from ..app import Conveyor
+from ..errors import ConfigurationError
+from ..loading import import_app
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -29,27 +28,14 @@ def main(verbose: int) -> None:
 
 
 def load_app(spec: str) -> Conveyor:
-    """Import ``MODULE:APP`` (the current directory is importable) and return the app.
+    """Import ``MODULE:APP`` (see :func:`conveyor.loading.import_app`) for a command.
 
     :raises click.BadParameter: the module or the attribute is missing, or is not an app
     """
-    module_name, _, attr = spec.partition(":")
-    if not module_name:
-        raise click.BadParameter(f"expected MODULE:APP, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exc}") from exc
-    candidates = [attr] if attr else ["app", "conveyor"]
-    for name in candidates:
-        value = getattr(module, name, None)
-        if isinstance(value, Conveyor):
-            return value
-    raise click.BadParameter(
-        f"{module_name!r} has no conveyor.Conveyor named {' or '.join(candidates)!r}"
-    )
+        return import_app(spec)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc)) from exc
 
 
 def app_options(func: Callable[..., Any]) -> Callable[..., Any]:

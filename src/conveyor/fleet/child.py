@@ -14,7 +14,6 @@ once. A child whose parent died stops gracefully by itself.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import logging
 import os
@@ -27,10 +26,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from ..loading import import_app
 from ..worker.registry import SUPERVISOR_ENV
 
 if TYPE_CHECKING:
-    from ..app import Conveyor
     from ..worker import Worker
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_RECYCLE", "Child", "ChildOptions", "describe_exit",
@@ -102,25 +101,6 @@ class Child:
     @property
     def jobs(self) -> int:
         return int(self.report.get("jobs", 0))
-
-
-def import_app(spec: str) -> Conveyor:
-    """Import the application ``MODULE:APP`` names (without the CLI's imports, so that a
-    new child starts serving sooner).
-
-    :raises ValueError: the attribute is missing or is not a :class:`~conveyor.Conveyor`
-    """
-    from ..app import Conveyor
-
-    module_name, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_name)
-    for name in [attr] if attr else ["app", "conveyor"]:
-        value = getattr(module, name, None)
-        if isinstance(value, Conveyor):
-            return value
-    raise ValueError(f"{module_name!r} has no conveyor.Conveyor named {attr or 'app'!r}")
 
 
 def rss_bytes() -> int:

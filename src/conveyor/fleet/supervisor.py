@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import redis.exceptions
 
 from ..clock import ServerClock
+from ..loading import import_app
 from . import child as child_process
 from .autoscale import Autoscaler, Decision, SignalReader, Signals
 from .child import Child, describe_exit
@@ -86,7 +87,7 @@ class Supervisor:
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
         if app is None:
-            app = child_process.import_app(app_spec)
+            app = import_app(app_spec)
         self.app = app
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self.queues = list(queues) or app.queues() or ["default"]
