@@ -5,7 +5,9 @@ hashes, the worker registry and the metric buckets the Lua scripts write. Counte
 histograms must only grow, while buckets expire; so the exporter keeps running totals in
 its own memory and adds, at each scrape, what each recent bucket gained since it was last
 seen. On start it counts every bucket still kept (up to ``limits.bucket_ttl`` of
-history); a restarted exporter is a counter reset, which ``rate()`` handles.
+history): the closed ones summed in Redis (one ``ZUNION`` per thousand buckets, as the
+monitor reads a window), only the newest few, which scripts may still write to, read one
+by one and remembered. A restarted exporter is a counter reset, which ``rate()`` handles.
 """
 
 from __future__ import annotations
@@ -23,11 +25,23 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ..clock import server_now
-from .stats import COUNTERS, TaskWindow, bucket_starts, fields_of, parse_bucket, queue_buckets
+from .stats import (
+    COUNTERS,
+    TaskWindow,
+    bucket_starts,
+    fields_of,
+    parse_bucket,
+    parse_window,
+    queue_buckets,
+    queue_window,
+)
 
 if TYPE_CHECKING:
     from ..app import Conveyor
 
+OPEN_BUCKETS = 3
+"""The newest buckets of a window that a script may still write to (the open one, the one
+before it, one spare): read one by one, so that later scrapes add only what they gained."""
 # Upper bounds (s) of the exported wait and run histograms; the log bins fold into these.
 EDGES = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
          60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -47,6 +61,9 @@ class RedisCollector(Collector):
         self.queues = queues
         self.with_advice = advice
         self.seen: dict[str, dict[int, dict[str, float]]] = {}
+        # Per queue: buckets older than this start were counted as one sum at the first
+        # scrape; reading one of them again would count it twice.
+        self.counted_before: dict[str, int] = {}
         self.totals: dict[tuple[str, str], TaskWindow] = {}
         self.last_now: float | None = None
         self.lock = threading.Lock()
@@ -66,16 +83,27 @@ class RedisCollector(Collector):
 
     def _accumulate(self, queue: str, now: float) -> None:
         width, ttl = self.app.limits.bucket_seconds, self.app.limits.bucket_ttl
-        seen = self.seen.setdefault(queue, {})
-        window = ttl if self.last_now is None or not seen else \
-            min(ttl, now - self.last_now + 2 * width)
-        starts = bucket_starts(now, window, width)
         keys = self.app.keys(queue)
+        seen = self.seen.get(queue)
+        closed: list[int] = []
+        if seen is None:  # first scrape of this queue: all the history Redis keeps
+            seen = self.seen[queue] = {}
+            starts = bucket_starts(now, ttl, width)
+            closed, starts = starts[:-OPEN_BUCKETS], starts[-OPEN_BUCKETS:]
+            self.counted_before[queue] = starts[0]
+        else:
+            assert self.last_now is not None
+            window = min(ttl, now - self.last_now + 2 * width)
+            floor = self.counted_before[queue]
+            starts = [s for s in bucket_starts(now, window, width) if s >= floor]
         with self.app.redis.pipeline(transaction=False) as pipe:
+            summed = queue_window(pipe, keys, closed) if closed else 0
             queue_buckets(pipe, keys, starts)
             replies = pipe.execute()
+        for task, part in parse_window(replies[:summed]).items():
+            self.totals.setdefault((queue, task), TaskWindow()).merge(part)
         gained: dict[str, float] = {}
-        for start, reply in zip(starts, replies, strict=True):
+        for start, reply in zip(starts, replies[summed:], strict=True):
             try:
                 fields = dict(fields_of(reply))
             except ValueError:  # a damaged bucket reads as empty, never as a crash
@@ -86,7 +114,7 @@ class RedisCollector(Collector):
                 if delta > 0:
                     gained[name] = gained.get(name, 0.0) + delta
             seen[start] = fields
-        for start in [s for s in seen if s < starts[0]]:
+        for start in [s for s in seen if starts and s < starts[0]]:
             del seen[start]  # no script writes to a bucket that old any more
         parts: dict[str, TaskWindow] = {}
         parse_bucket({k: _number(v) for k, v in gained.items()}, parts)
