@@ -143,9 +143,17 @@ def _cpu_model() -> str:
 
 
 def _git_head() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True, check=False, cwd=Path(__file__).parent)  # fmt: skip
+    """The commit checked out (``-dirty`` when the working tree differs from it)."""
+    out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                         capture_output=True, text=True, check=False,
+                         cwd=Path(__file__).parent)  # fmt: skip
     return out.stdout.strip() or "unknown"
+
+
+STARTED_AT = _git_head()
+"""The commit measured: read when the harness starts (it imports this module first), not
+when the report is written, since commits made during a half-hour run change nothing that
+was measured."""
 
 
 def _nproc() -> str:
@@ -173,7 +181,7 @@ def write_markdown(
         f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC (run took {elapsed_s / 60:.1f} min)",
         f"- nproc: {_nproc()}; CPU: {_cpu_model()}",
         f"- Redis {redis_version} (private server, `--save '' --appendonly no`, loopback)",
-        f"- Python {python_version}; conveyor from the working tree at commit {_git_head()}",
+        f"- Python {python_version}; conveyor from the working tree at commit {STARTED_AT}",
         "",
         "## Results",
         "",
