@@ -238,6 +238,43 @@ def test_an_idle_worker_starts_a_new_job_without_a_fetch(
     assert [r.label for r in runs] == ["first"]
 
 
+def test_plain_single_enqueues_hand_over_once_they_see_an_idle_worker(
+    fapp: conveyor.Conveyor, workers: Workers
+) -> None:
+    """The script-free single enqueue cannot hand a job over; it counts the live waiters
+    instead, and while it finds some the next enqueues take the script, which does. Once
+    the workers are gone, the count sends enqueues back to the cheap path."""
+    worker = workers.start()
+    task = work(fapp)
+    wait_until(lambda: waiters(fapp), timeout=30, message="the idle worker registered")
+    for label in ("warm", "warmer"):  # the queue is registered, then the clock read
+        assert task.enqueue(label, 0.0).result(timeout=10) == label
+    port = fapp.url.rsplit(":", 1)[1].split("/")[0]
+    monitor = subprocess.Popen(["redis-cli", "-p", port, "monitor"], stdout=subprocess.PIPE)
+    try:
+        time.sleep(0.3)  # MONITOR is listening
+        for i in range(5):
+            wait_until(lambda: waiters(fapp), timeout=10, message="the worker registered")
+            assert task.enqueue(f"job{i}", 0.0).result(timeout=10) == f"job{i}"
+    finally:
+        monitor.terminate()
+    lines = monitor.communicate(timeout=10)[0].decode(errors="replace").splitlines()
+    sent = [line for line in lines if "[0 lua]" not in line]
+    paths = [("script" if sha("enqueue") in line else "plain", i) for i, line in enumerate(sent)
+             if sha("enqueue") in line or '"MULTI"' in line.upper()]
+    starts = [i for i, line in enumerate(sent) if "flow-ledger" in line and "start job" in line]
+    assert [p for p, _ in paths] == ["plain", "script", "script", "script", "script"], paths
+    for (_, at), started in zip(paths[1:], starts[1:], strict=True):
+        between = sent[at:started]
+        assert not [line for line in between if sha("fetch") in line], between  # handed over
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(30)
+    wait_until(lambda: not waiters(fapp), timeout=10, message="the worker unregistered")
+    runner, k = fapp.scripts, fapp.keys("flow")
+    task.enqueue("after", 0.0)  # the script's count finds no waiter ...
+    assert not runner._plain.hand_off(k)  # ... so the next single enqueue is plain again
+
+
 def test_a_job_handed_to_a_killed_worker_runs_elsewhere_once_its_lease_ends(
     fapp: conveyor.Conveyor, workers: Workers
 ) -> None:

@@ -235,6 +235,42 @@ def test_the_async_api_takes_the_plain_path_too(
     assert _fetch(papp)[2:] == ids
 
 
+def test_the_async_api_counts_waiters_and_hands_over_while_it_finds_them(
+    papp: conveyor.Conveyor, server: RedisServer,
+) -> None:
+    task = _task(papp)
+    k = papp.keys(Q)
+
+    def register(worker: str) -> None:
+        papp.scripts.run(calls.register_waiter(k, worker, 1, 60_000))
+
+    async def main() -> tuple[list[str], list[str]]:
+        await task.aenqueue(0)  # the queue known
+        await task.aenqueue(0)  # the clock read
+        _fetch(papp)  # out of the way
+        register("w1")
+        client = server.client()
+        client.config_resetstat()
+        seen = await task.aenqueue(1)  # plain: it counts w1 ...
+        assert "evalsha" not in _commands(client)
+        handed = await task.aenqueue(2)  # ... so this one takes the script, which hands over
+        assert _commands(client)["evalsha"] == 1
+        assert papp.redis.zcard(k.waiters) == 0  # w1's registration served it
+        await task.aenqueue(3)  # the script's count found w1: the script again, handing none
+        await task.aenqueue(4)  # that count found no waiter: plain again
+        used = _commands(client)
+        assert used["evalsha"] == 2 and used["multi"] == 2 and used["zcount"] == 4
+        return [seen.short_id, handed.short_id], [j.short_id for j in
+                                                  calls.parse_handoff(papp.redis.lpop(
+                                                      k.handoff("w1"))).jobs]
+
+    (seen, handed), given = asyncio.run(main())
+    # The enqueue that took the script handed the oldest ready job over, as a fetch would.
+    assert given == [seen]
+    assert papp.redis.hget(k.job(seen), record.STATE) == b"active"
+    assert papp.redis.hget(k.job(handed), record.STATE) == b"ready"
+
+
 def test_the_clock_estimate_is_renewed_inside_the_multi(papp: conveyor.Conveyor) -> None:
     task = _warm(papp)
     runner = papp.scripts

@@ -11,7 +11,7 @@ by :class:`ScriptRunner` on a sync, async or pipeline client (how to send it).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -246,6 +246,9 @@ class ScriptRunner:
         if not self._plain.ready():
             script_call = call()
             return script_call.parse(self._send(script_call, self._pool, timed=True))
+        if self._plain.hand_off(k):  # idle workers wait: the script hands the job over
+            script_call = call()
+            return script_call.parse(self._send(script_call, self._pool, probe=k))
         self.enqueue_plain(k, spec, limits, *job)
         return [(job[0], True)]
 
@@ -254,7 +257,7 @@ class ScriptRunner:
         """Store one job that :func:`.plain.fits` as one MULTI (the clock read already, or
         ``now_ms`` given)."""
         message, queued = self._plain.pack(k, spec, limits, short_id, args, now_ms)
-        plain.send(self._plain, self._kept, message, queued, k.job(short_id))
+        plain.send(self._plain, self._kept, k, message, queued, k.job(short_id))
 
     def run(self, call: ScriptCall[T], client: Any = None) -> T:
         """Execute ``call`` on ``client`` (default: the client this runner was made with).
@@ -266,10 +269,13 @@ class ScriptRunner:
         reply = self._scripts[call.name](keys=call.keys, args=call.args, client=client)
         return call.parse(reply)
 
-    def _send(self, call: ScriptCall[Any], pool: Any, timed: bool = False) -> Any:
+    def _send(self, call: ScriptCall[Any], pool: Any, timed: bool = False,
+              probe: QueueKeys | None = None) -> Any:
         """EVALSHA straight on a pooled connection: the hot path of a single enqueue, with
         the client's own retry of connection errors and a reload on NOSCRIPT, but not its
-        per-command layers. ``timed``: a ``TIME`` follows, and sets the plain path's clock."""
+        per-command layers. ``timed``: a ``TIME`` follows, and sets the plain path's clock.
+        ``probe``: a count of that queue's live waiters goes first, and tells the plain path
+        whether the next enqueue should hand over too (see :mod:`.plain`)."""
         script = self._scripts[call.name]
         conn = pool.get_connection()
         record, sent = _single_record(call), False
@@ -282,6 +288,10 @@ class ScriptRunner:
                         return 1
                 sent = True
                 message = self._packer.pack(call, script.sha)
+                if probe is not None:
+                    conn.send_packed_command([self._plain.probe(probe), message])
+                    self._plain.note_waiters(probe, _count(conn.read_response))
+                    return conn.read_response()
                 if not timed:
                     conn.send_packed_command([message])
                     return conn.read_response()
@@ -357,6 +367,9 @@ class AsyncScriptRunner:
         if not self._plain.ready():
             script_call = call()
             return script_call.parse(await self._send(script_call, self._pool, timed=True))
+        if self._plain.hand_off(k):
+            script_call = call()
+            return script_call.parse(await self._send(script_call, self._pool, probe=k))
         await self.enqueue_plain(k, spec, limits, *job)
         return [(job[0], True)]
 
@@ -364,7 +377,7 @@ class AsyncScriptRunner:
                             short_id: str, args: bytes, now_ms: float | None = None) -> None:
         """The async twin of :meth:`ScriptRunner.enqueue_plain`."""
         message, queued = self._plain.pack(k, spec, limits, short_id, args, now_ms)
-        await plain.asend(self._plain, self._kept, message, queued, k.job(short_id))
+        await plain.asend(self._plain, self._kept, k, message, queued, k.job(short_id))
 
     async def run(self, call: ScriptCall[T], client: Any = None) -> T:
         if client is None and self._pool is not None and call.name in DIRECT:
@@ -374,7 +387,8 @@ class AsyncScriptRunner:
         )
         return call.parse(reply)
 
-    async def _send(self, call: ScriptCall[Any], pool: Any, timed: bool = False) -> Any:
+    async def _send(self, call: ScriptCall[Any], pool: Any, timed: bool = False,
+                    probe: QueueKeys | None = None) -> Any:
         """The async twin of :meth:`ScriptRunner._send`."""
         script = self._scripts[call.name]
         conn = await pool.get_connection()
@@ -388,6 +402,10 @@ class AsyncScriptRunner:
                         return 1
                 sent = True
                 message = self._packer.pack(call, script.sha)
+                if probe is not None:
+                    await conn.send_packed_command([self._plain.probe(probe), message])
+                    self._plain.note_waiters(probe, await _acount(conn.read_response))
+                    return await conn.read_response()
                 if not timed:
                     await conn.send_packed_command([message])
                     return await conn.read_response()
@@ -432,3 +450,20 @@ class AsyncScriptRunner:
             for command in commands:
                 pipe.execute_command(*command)
             return list(await pipe.execute(raise_on_error=False))
+
+
+def _count(read: Callable[[], Any]) -> Any:
+    """The reply of a count sent before a script; an error reply (a mangled key) reads as
+    None, the connection still in step."""
+    try:
+        return read()
+    except ResponseError:
+        return None
+
+
+async def _acount(read: Callable[[], Awaitable[Any]]) -> Any:
+    """The async twin of :func:`_count`."""
+    try:
+        return await read()
+    except ResponseError:
+        return None

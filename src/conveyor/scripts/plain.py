@@ -10,6 +10,14 @@ its priority when that is not the default; the next claim moves the inbox's jobs
 priorities' lists in order (``include/ready.lua``, ``absorb_inbox``), so a job is counted,
 found by its id and cancelled like any other ready job from the moment the MULTI ran.
 
+The MULTI cannot hand the job to an idle worker in the enqueue itself, as the script does
+(``include/handoff.lua``): that takes a claim. So it also counts the queue's live waiters,
+and while it finds some, this process's next single enqueues of that queue take the script
+path, each sent behind a count of its own (:meth:`PlainEnqueue.probe`): an idle worker
+starts a new job as soon as the enqueue returns, and once the count finds none (the
+workers are busy, or gone) the cheap path is taken again. Each count is one ``ZCOUNT``
+in a round trip that is made anyway.
+
 The enqueue time on the record comes from this process's estimate of the server's clock
 (:class:`~conveyor.clock.ServerClock`), renewed by a ``TIME`` inside the MULTI at most
 every :data:`CLOCK_REFRESH_S` seconds; before the first estimate the script path is taken.
@@ -89,6 +97,7 @@ class _Shape:
         self.bucket_seconds = limits.bucket_seconds
         self.bucket_ttl = b"%d" % limits.bucket_ttl
         self.wake = _command("LPUSH", k.wake, "1") + _command("LTRIM", k.wake, 0, 0)
+        self.waiters = _bulk(k.waiters)
 
 
 _MULTI = _command("MULTI")
@@ -104,6 +113,8 @@ class PlainEnqueue:
         self.clock = clock or ServerClock()
         self._shapes: dict[tuple[QueueKeys, JobSpec, Limits], _Shape] = {}
         self._renewed = -float("inf")  # monotonic time of the latest TIME read
+        # waiters key -> whether the latest count found live waiters for that queue
+        self._waiting: dict[str, bool] = {}
 
     def ready(self) -> bool:
         """Whether the clock has been read: until then, enqueues take the script path."""
@@ -139,19 +150,39 @@ class PlainEnqueue:
             b"*4\r\n$7\r\nZINCRBY\r\n", bucket, b"$1\r\n1\r\n", shape.metric,
             b"*3\r\n$6\r\nEXPIRE\r\n", bucket, _bulk(shape.bucket_ttl),
             shape.wake,
+            b"*4\r\n$6\r\nZCOUNT\r\n", shape.waiters, _bulk(f"({int(now_ms)}"),
+            b"$4\r\n+inf\r\n",
         ]
         if ask_time:
             parts.append(TIME_COMMAND)
         parts.append(_EXEC)
-        return b"".join(parts), 8 + ask_time
+        return b"".join(parts), 9 + ask_time
 
-    def parse(self, replies: list[Any]) -> None:
-        """Check EXEC's replies (an error in one raises it); note the server time if read."""
+    def parse(self, k: QueueKeys, replies: list[Any]) -> None:
+        """Check EXEC's replies (an error in one raises it); note whether the queue has
+        live waiters, and the server time if read."""
         for reply in replies:
             if isinstance(reply, ResponseError):
                 raise reply
-        if len(replies) > 7:
-            self.observe(from_reply(replies[7]))
+        self.note_waiters(k, replies[7])
+        if len(replies) > 8:
+            self.observe(from_reply(replies[8]))
+
+    def hand_off(self, k: QueueKeys) -> bool:
+        """Whether the latest count found live waiters of ``k``'s queue: its next single
+        enqueue should take the script, which hands the job over."""
+        return self._waiting.get(k.waiters, False)
+
+    def probe(self, k: QueueKeys) -> bytes:
+        """The count of ``k``'s live waiters, packed, to send before an enqueue script."""
+        return _command("ZCOUNT", k.waiters, f"({int(self.clock.now() * 1000)}", "+inf")
+
+    def note_waiters(self, k: QueueKeys, count: Any) -> None:
+        """Keep what a count of live waiters found (a reply that is no count reads as none:
+        a mangled waiters key must not keep enqueues off the cheap path)."""
+        if len(self._waiting) >= self.LIMIT:
+            self._waiting.clear()
+        self._waiting[k.waiters] = isinstance(count, int) and count > 0
 
 
 KEEP_SECONDS = 1.0  # a kept connection goes back to its pool and is taken again this often
@@ -261,8 +292,8 @@ async def _aexchange(conn: Any, message: bytes, queued: int) -> list[Any]:
 _BUSY, _BROKE = "busy", "broke"  # what became of a send on the kept connection
 
 
-def send(plain: PlainEnqueue, kept: Kept, message: bytes, queued: int, record_key: str
-         ) -> None:
+def send(plain: PlainEnqueue, kept: Kept, k: QueueKeys, message: bytes, queued: int,
+         record_key: str) -> None:
     """Send a packed MULTI and check its replies: on the kept connection when it is free,
     else on a pooled one. A MULTI sent on a connection that broke before its reply may
     have run: before it is sent again (once) the job's record is looked for, and if it is
@@ -270,11 +301,11 @@ def send(plain: PlainEnqueue, kept: Kept, message: bytes, queued: int, record_ke
     write could undo a worker's lease of it)."""
     first = _on_kept(kept, message, queued)
     if isinstance(first, list):
-        plain.parse(first)
+        plain.parse(k, first)
         return
     replies = _on_pool(kept.pool, message, queued, record_key, sent=first == _BROKE)
     if replies is not None:
-        plain.parse(replies)
+        plain.parse(k, replies)
 
 
 def _on_kept(kept: Kept, message: bytes, queued: int) -> list[Any] | str:
@@ -324,16 +355,16 @@ def _on_pool(pool: Any, message: bytes, queued: int, record_key: str, sent: bool
         pool.release(conn)
 
 
-async def asend(plain: PlainEnqueue, kept: AsyncKept, message: bytes, queued: int,
-                record_key: str) -> None:
+async def asend(plain: PlainEnqueue, kept: AsyncKept, k: QueueKeys, message: bytes,
+                queued: int, record_key: str) -> None:
     """The async twin of :func:`send`."""
     first = await _aon_kept(kept, message, queued)
     if isinstance(first, list):
-        plain.parse(first)
+        plain.parse(k, first)
         return
     replies = await _aon_pool(kept.pool, message, queued, record_key, sent=first == _BROKE)
     if replies is not None:
-        plain.parse(replies)
+        plain.parse(k, replies)
 
 
 async def _aon_kept(kept: AsyncKept, message: bytes, queued: int) -> list[Any] | str:
