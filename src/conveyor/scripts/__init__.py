@@ -256,8 +256,8 @@ class ScriptRunner:
                       args: bytes, now_ms: float | None = None) -> None:
         """Store one job that :func:`.plain.fits` as one MULTI (the clock read already, or
         ``now_ms`` given)."""
-        message, queued = self._plain.pack(k, spec, limits, short_id, args, now_ms)
-        plain.send(self._plain, self._kept, k, message, queued, k.job(short_id))
+        packed = self._plain.pack(k, spec, limits, short_id, args, now_ms)
+        plain.send(self._plain, self._kept, k, packed, k.job(short_id))
 
     def run(self, call: ScriptCall[T], client: Any = None) -> T:
         """Execute ``call`` on ``client`` (default: the client this runner was made with).
@@ -376,8 +376,8 @@ class AsyncScriptRunner:
     async def enqueue_plain(self, k: QueueKeys, spec: JobSpec, limits: Limits,
                             short_id: str, args: bytes, now_ms: float | None = None) -> None:
         """The async twin of :meth:`ScriptRunner.enqueue_plain`."""
-        message, queued = self._plain.pack(k, spec, limits, short_id, args, now_ms)
-        await plain.asend(self._plain, self._kept, k, message, queued, k.job(short_id))
+        packed = self._plain.pack(k, spec, limits, short_id, args, now_ms)
+        await plain.asend(self._plain, self._kept, k, packed, k.job(short_id))
 
     async def run(self, call: ScriptCall[T], client: Any = None) -> T:
         if client is None and self._pool is not None and call.name in DIRECT:

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from .calls import JobSpec, Limits
 
 CLOCK_REFRESH_S = 1.0  # longest a plain enqueue trusts its clock estimate unrenewed
+# A metric bucket's EXPIRE and the count of a queue's waiters ride along at most this often
+# per task (bucket) and per queue: in a burst of enqueues the MULTI is two commands shorter.
+EXPIRE_EVERY_S = 1.0
+COUNT_EVERY_S = 0.05
 _TRACE_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 
@@ -98,6 +102,21 @@ class _Shape:
         self.bucket_ttl = b"%d" % limits.bucket_ttl
         self.wake = _command("LPUSH", k.wake, "1") + _command("LTRIM", k.wake, 0, 0)
         self.waiters = _bulk(k.waiters)
+        # The bucket this shape last sent an EXPIRE for, and when (monotonic). A bucket
+        # written to is given its lifetime within EXPIRE_EVERY_S of the write: one that
+        # vanished (a restart) and came back by a write that skipped it gets it from the
+        # next, or from the first script that writes one of its fields.
+        self.expired: tuple[int, float] = (-1, -float("inf"))
+
+
+class Packed(NamedTuple):
+    """A packed MULTI: its bytes, the replies before EXEC's (MULTI's OK and the QUEUEDs),
+    and the places in EXEC's reply of the waiters' count and of TIME (None: not sent)."""
+
+    message: bytes
+    queued: int
+    count_at: int | None
+    time_at: int | None
 
 
 _MULTI = _command("MULTI")
@@ -115,6 +134,7 @@ class PlainEnqueue:
         self._renewed = -float("inf")  # monotonic time of the latest TIME read
         # waiters key -> whether the latest count found live waiters for that queue
         self._waiting: dict[str, bool] = {}
+        self._counted: dict[str, float] = {}  # waiters key -> when a MULTI last counted them
 
     def ready(self) -> bool:
         """Whether the clock has been read: until then, enqueues take the script path."""
@@ -126,8 +146,9 @@ class PlainEnqueue:
         self._renewed = time.monotonic()
 
     def pack(self, k: QueueKeys, spec: JobSpec, limits: Limits, short_id: str,
-             args: bytes, now_ms: float | None = None) -> tuple[bytes, int]:
-        """The bytes to send, and how many replies precede EXEC's (MULTI's and QUEUEDs).
+             args: bytes, now_ms: float | None = None) -> Packed:
+        """The bytes to send, how many replies precede EXEC's (MULTI's and QUEUEDs), and
+        where the optional replies sit in EXEC's.
 
         :param now_ms: the enqueue time to store (tests); default the clock's estimate
         """
@@ -136,7 +157,7 @@ class PlainEnqueue:
             if len(self._shapes) >= self.LIMIT:
                 self._shapes.clear()
             shape = self._shapes[(k, spec, limits)] = _Shape(k, spec, limits)
-        ask_time = time.monotonic() - self._renewed > CLOCK_REFRESH_S
+        mono = time.monotonic()
         if now_ms is None:
             now_ms = self.clock.now() * 1000
         start = int(now_ms / 1000 / shape.bucket_seconds) * shape.bucket_seconds
@@ -148,25 +169,37 @@ class PlainEnqueue:
             shape.rpush_head, _bulk(short_id + shape.entry_suffix),
             shape.middle,
             b"*4\r\n$7\r\nZINCRBY\r\n", bucket, b"$1\r\n1\r\n", shape.metric,
-            b"*3\r\n$6\r\nEXPIRE\r\n", bucket, _bulk(shape.bucket_ttl),
             shape.wake,
-            b"*4\r\n$6\r\nZCOUNT\r\n", shape.waiters, _bulk(f"({int(now_ms)}"),
-            b"$4\r\n+inf\r\n",
         ]
-        if ask_time:
+        n = 6  # HSET RPUSH HINCRBY ZINCRBY LPUSH LTRIM
+        if shape.expired[0] != start or mono - shape.expired[1] >= EXPIRE_EVERY_S:
+            shape.expired = (start, mono)
+            parts += [b"*3\r\n$6\r\nEXPIRE\r\n", bucket, _bulk(shape.bucket_ttl)]
+            n += 1
+        count_at = time_at = None
+        if mono - self._counted.get(k.waiters, -float("inf")) >= COUNT_EVERY_S:
+            if len(self._counted) >= self.LIMIT:
+                self._counted.clear()
+            self._counted[k.waiters] = mono
+            parts += [b"*4\r\n$6\r\nZCOUNT\r\n", shape.waiters, _bulk(f"({int(now_ms)}"),
+                      b"$4\r\n+inf\r\n"]
+            count_at, n = n, n + 1
+        if mono - self._renewed > CLOCK_REFRESH_S:
             parts.append(TIME_COMMAND)
+            time_at, n = n, n + 1
         parts.append(_EXEC)
-        return b"".join(parts), 9 + ask_time
+        return Packed(b"".join(parts), 1 + n, count_at, time_at)
 
-    def parse(self, k: QueueKeys, replies: list[Any]) -> None:
+    def parse(self, k: QueueKeys, packed: Packed, replies: list[Any]) -> None:
         """Check EXEC's replies (an error in one raises it); note whether the queue has
-        live waiters, and the server time if read."""
+        live waiters and the server time, when the MULTI read them."""
         for reply in replies:
             if isinstance(reply, ResponseError):
                 raise reply
-        self.note_waiters(k, replies[7])
-        if len(replies) > 8:
-            self.observe(from_reply(replies[8]))
+        if packed.count_at is not None:
+            self.note_waiters(k, replies[packed.count_at])
+        if packed.time_at is not None:
+            self.observe(from_reply(replies[packed.time_at]))
 
     def hand_off(self, k: QueueKeys) -> bool:
         """Whether the latest count found live waiters of ``k``'s queue: its next single
@@ -292,20 +325,21 @@ async def _aexchange(conn: Any, message: bytes, queued: int) -> list[Any]:
 _BUSY, _BROKE = "busy", "broke"  # what became of a send on the kept connection
 
 
-def send(plain: PlainEnqueue, kept: Kept, k: QueueKeys, message: bytes, queued: int,
-         record_key: str) -> None:
+def send(plain: PlainEnqueue, kept: Kept, k: QueueKeys, packed: Packed, record_key: str
+         ) -> None:
     """Send a packed MULTI and check its replies: on the kept connection when it is free,
     else on a pooled one. A MULTI sent on a connection that broke before its reply may
     have run: before it is sent again (once) the job's record is looked for, and if it is
     there the job is stored (a MULTI is all or nothing) and is not stored twice (a second
     write could undo a worker's lease of it)."""
+    message, queued = packed.message, packed.queued
     first = _on_kept(kept, message, queued)
     if isinstance(first, list):
-        plain.parse(k, first)
+        plain.parse(k, packed, first)
         return
     replies = _on_pool(kept.pool, message, queued, record_key, sent=first == _BROKE)
     if replies is not None:
-        plain.parse(k, replies)
+        plain.parse(k, packed, replies)
 
 
 def _on_kept(kept: Kept, message: bytes, queued: int) -> list[Any] | str:
@@ -355,16 +389,17 @@ def _on_pool(pool: Any, message: bytes, queued: int, record_key: str, sent: bool
         pool.release(conn)
 
 
-async def asend(plain: PlainEnqueue, kept: AsyncKept, k: QueueKeys, message: bytes,
-                queued: int, record_key: str) -> None:
+async def asend(plain: PlainEnqueue, kept: AsyncKept, k: QueueKeys, packed: Packed,
+                record_key: str) -> None:
     """The async twin of :func:`send`."""
+    message, queued = packed.message, packed.queued
     first = await _aon_kept(kept, message, queued)
     if isinstance(first, list):
-        plain.parse(k, first)
+        plain.parse(k, packed, first)
         return
     replies = await _aon_pool(kept.pool, message, queued, record_key, sent=first == _BROKE)
     if replies is not None:
-        plain.parse(k, replies)
+        plain.parse(k, packed, replies)
 
 
 async def _aon_kept(kept: AsyncKept, message: bytes, queued: int) -> list[Any] | str:
