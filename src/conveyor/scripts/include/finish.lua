@@ -1,5 +1,6 @@
 -- What every terminal transition shares: release the lease and the active slot, record
 -- when the type last finished, free the dedupe key, and stream the record to the sink.
+--@include job_record
 
 -- Returns true when the count would have gone below zero (it is kept at 0): the record's
 -- task is not the one counted when the job was leased (a record changed by hand).
@@ -32,11 +33,14 @@ local function streaming(events)
 end
 
 -- Fields that would be empty (no tenant, default priority, no error, no trace) are left out.
+-- `job.enqueued_ms` is the record's 'e' field as read: turned into seconds only here, since
+-- most queues stream nothing and a finish or a lease should not format it per job.
 local function emit_event(events, maxlen, short_id, job)
   if not streaming(events) then return end
+  local enqueued_at = ms_as_seconds(job.enqueued_ms)
   local fields = { 'XADD', events, 'MAXLEN', '~', maxlen, '*',
     'id', short_id, 'task', job.task, 'state', job.state, 'attempts', job.attempts,
-    'enqueued_at', job.enqueued_at or '', 'run_at', job.run_at or job.enqueued_at or '',
+    'enqueued_at', enqueued_at or '', 'run_at', job.run_at or enqueued_at or '',
     'started_at', job.started_at or '', 'finished_at', job.finished_at or '' }
   if job.tenant and job.tenant ~= '' then
     fields[#fields + 1] = 'tenant'

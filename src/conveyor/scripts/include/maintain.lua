@@ -45,7 +45,7 @@ local function cancel_lapsed(k, cfg, now, id, r)
   redis.call('EXPIRE', k.job_prefix .. id, tonumber(r.cancel_ttl) or 86400)
   free_dedupe_key(k.dedupe_prefix, r.key, id)
   emit_event(k.events, cfg.events_maxlen, id, { task = r.task, state = 'cancelled',
-    attempts = r.attempts or '0', enqueued_at = r.enqueued_at, run_at = r.run_at,
+    attempts = r.attempts or '0', enqueued_ms = r.enqueued_ms, run_at = r.run_at,
     started_at = r.started_at, finished_at = finished_at, tenant = r.tenant, error = r.cancel,
     trace = r.trace })
   hand_over(k.job_prefix, id, now)

@@ -60,7 +60,7 @@ local function read_record(key, with_args)
   return { args = f[15] or nil, enqueued_ms = f[9] or nil,
     state = f[1] or nil, priority = f[2] or nil, attempts = f[3] or nil,
     max_attempts = f[4] or nil, vt = f[5] or nil, task = f[6] or '', tenant = f[7] or nil,
-    key = f[8] or nil, enqueued_at = ms_as_seconds(f[9]), run_at = f[10] or nil,
+    key = f[8] or nil, run_at = f[10] or nil,
     started_at = f[11] or nil, cancel = f[12] or nil, cancel_ttl = f[13] or nil,
     trace = f[14] or nil }
 end
@@ -90,7 +90,7 @@ local function dead_letter(k, cfg, tally, now, id, r, reason, out)
   end
   free_dedupe_key(k.dedupe_prefix, r.key, id)
   emit_event(k.events, cfg.events_maxlen, id, { task = r.task, state = 'dead',
-    attempts = r.attempts or '0', enqueued_at = r.enqueued_at, run_at = r.run_at,
+    attempts = r.attempts or '0', enqueued_ms = r.enqueued_ms, run_at = r.run_at,
     started_at = r.started_at, finished_at = finished_at, tenant = r.tenant, error = reason,
     trace = r.trace })
   count(tally, r.task, 'dead', 1)

@@ -9,7 +9,7 @@
 -- them (task f[3], attempts f[4], enqueued_at f[7], run_at f[8], tenant f[9], priority
 -- f[10], trace id f[13]); the state (and error) are set once the outcome is known.
 local function finished_job(f, started_at, now_s)
-  return { task = f[3] or '', attempts = f[4] or '0', enqueued_at = ms_as_seconds(f[7]),
+  return { task = f[3] or '', attempts = f[4] or '0', enqueued_ms = f[7],
     run_at = f[8],
     tenant = f[9], priority = f[10], trace = f[13], started_at = started_at,
     finished_at = now_s }
