@@ -190,6 +190,18 @@ def test_a_mangled_inbox_gives_the_error_that_names_it(
     assert job.short_id in _fetch(papp)
 
 
+def test_a_mangled_waiters_key_neither_fails_an_enqueue_nor_turns_on_hand_offs(
+    papp: conveyor.Conveyor, server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(plain, "COUNT_EVERY_S", 0.0)  # every MULTI counts
+    task = _warm(papp)
+    k = papp.keys(Q)
+    server.client().set(k.waiters, "not a sorted set")
+    jobs = [task.enqueue(i) for i in range(3)]  # each stored once, none raising
+    assert not papp.scripts._plain.hand_off(k)
+    assert _fetch(papp) == [job.short_id for job in jobs]
+
+
 def test_mangled_inbox_entries_neither_stop_a_fetch_nor_run(papp: conveyor.Conveyor) -> None:
     task = _warm(papp)
     k = papp.keys(Q)

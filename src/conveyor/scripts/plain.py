@@ -193,8 +193,10 @@ class PlainEnqueue:
     def parse(self, k: QueueKeys, packed: Packed, replies: list[Any]) -> None:
         """Check EXEC's replies (an error in one raises it); note whether the queue has
         live waiters and the server time, when the MULTI read them."""
-        for reply in replies:
-            if isinstance(reply, ResponseError):
+        for i, reply in enumerate(replies):
+            # The count is advice: a mangled waiters key must not fail an enqueue that,
+            # the MULTI having run, has stored its job.
+            if isinstance(reply, ResponseError) and i != packed.count_at:
                 raise reply
         if packed.count_at is not None:
             self.note_waiters(k, replies[packed.count_at])
