@@ -178,6 +178,28 @@ def test_a_refused_write_stores_nothing_and_the_connection_stays_usable(
     assert _fetch(papp) == [job.short_id]
 
 
+def test_a_refused_multi_leaves_the_bucket_expiry_to_the_next_one(
+    papp: conveyor.Conveyor, server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(plain, "EXPIRE_EVERY_S", 3600.0)  # one EXPIRE per bucket, if it ran
+    task = _task(papp)
+    task.enqueue(0)  # the queue known
+    task.enqueue(0)  # the clock read (the script, which sets the bucket's lifetime itself)
+    client = server.client()
+    k = papp.keys(Q)
+    for bucket in client.scan_iter(match=f"{k.metrics_prefix}*"):
+        client.delete(bucket)  # the next MULTI creates its bucket
+    client.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            task.enqueue(1)  # its EXPIRE never ran ...
+    finally:
+        client.config_set("maxmemory", 0)
+    task.enqueue(2)  # ... so this one sends it
+    buckets = list(client.scan_iter(match=f"{k.metrics_prefix}*"))
+    assert buckets and all(0 < client.ttl(b) <= papp.limits.bucket_ttl for b in buckets)
+
+
 def test_a_mangled_inbox_gives_the_error_that_names_it(
     papp: conveyor.Conveyor, server: RedisServer,
 ) -> None:

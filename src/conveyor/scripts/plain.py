@@ -102,21 +102,23 @@ class _Shape:
         self.bucket_ttl = b"%d" % limits.bucket_ttl
         self.wake = _command("LPUSH", k.wake, "1") + _command("LTRIM", k.wake, 0, 0)
         self.waiters = _bulk(k.waiters)
-        # The bucket this shape last sent an EXPIRE for, and when (monotonic). A bucket
-        # written to is given its lifetime within EXPIRE_EVERY_S of the write: one that
-        # vanished (a restart) and came back by a write that skipped it gets it from the
-        # next, or from the first script that writes one of its fields.
+        # The bucket this shape's MULTI last gave its lifetime (EXEC succeeded), and when
+        # (monotonic). A bucket written to gets it within EXPIRE_EVERY_S of the write: one
+        # that vanished (a restart) and came back by a write that skipped the EXPIRE gets
+        # it from the next, or from the first script that writes one of its fields.
         self.expired: tuple[int, float] = (-1, -float("inf"))
 
 
 class Packed(NamedTuple):
     """A packed MULTI: its bytes, the replies before EXEC's (MULTI's OK and the QUEUEDs),
-    and the places in EXEC's reply of the waiters' count and of TIME (None: not sent)."""
+    the places in EXEC's reply of the waiters' count and of TIME (None: not sent), and the
+    shape and bucket it gave a lifetime (None: no EXPIRE sent)."""
 
     message: bytes
     queued: int
     count_at: int | None
     time_at: int | None
+    expiring: tuple[_Shape, int, float] | None
 
 
 _MULTI = _command("MULTI")
@@ -172,8 +174,9 @@ class PlainEnqueue:
             shape.wake,
         ]
         n = 6  # HSET RPUSH HINCRBY ZINCRBY LPUSH LTRIM
+        expiring = None
         if shape.expired[0] != start or mono - shape.expired[1] >= EXPIRE_EVERY_S:
-            shape.expired = (start, mono)
+            expiring = (shape, start, mono)  # noted once EXEC has run it
             parts += [b"*3\r\n$6\r\nEXPIRE\r\n", bucket, _bulk(shape.bucket_ttl)]
             n += 1
         count_at = time_at = None
@@ -188,7 +191,7 @@ class PlainEnqueue:
             parts.append(TIME_COMMAND)
             time_at, n = n, n + 1
         parts.append(_EXEC)
-        return Packed(b"".join(parts), 1 + n, count_at, time_at)
+        return Packed(b"".join(parts), 1 + n, count_at, time_at, expiring)
 
     def parse(self, k: QueueKeys, packed: Packed, replies: list[Any]) -> None:
         """Check EXEC's replies (an error in one raises it); note whether the queue has
@@ -198,6 +201,9 @@ class PlainEnqueue:
             # the MULTI having run, has stored its job.
             if isinstance(reply, ResponseError) and i != packed.count_at:
                 raise reply
+        if packed.expiring is not None:
+            shape, start, when = packed.expiring
+            shape.expired = (start, when)
         if packed.count_at is not None:
             self.note_waiters(k, replies[packed.count_at])
         if packed.time_at is not None:
