@@ -97,11 +97,9 @@ class RedisCollector(Collector):
             floor = self.counted_before[queue]
             starts = [s for s in bucket_starts(now, window, width) if s >= floor]
         with self.app.redis.pipeline(transaction=False) as pipe:
-            summed = queue_window(pipe, keys, closed) if closed else 0
+            summed = queue_window(pipe, keys, closed)  # no command for no bucket
             queue_buckets(pipe, keys, starts)
             replies = pipe.execute()
-        for task, part in parse_window(replies[:summed]).items():
-            self.totals.setdefault((queue, task), TaskWindow()).merge(part)
         gained: dict[str, float] = {}
         for start, reply in zip(starts, replies[summed:], strict=True):
             try:
@@ -116,7 +114,7 @@ class RedisCollector(Collector):
             seen[start] = fields
         for start in [s for s in seen if starts and s < starts[0]]:
             del seen[start]  # no script writes to a bucket that old any more
-        parts: dict[str, TaskWindow] = {}
+        parts = parse_window(replies[:summed])  # the closed buckets' sum, at the first scrape
         parse_bucket({k: _number(v) for k, v in gained.items()}, parts)
         for task, part in parts.items():
             self.totals.setdefault((queue, task), TaskWindow()).merge(part)
