@@ -257,7 +257,7 @@ class ScriptRunner:
         """Store one job that :func:`.plain.fits` as one MULTI (the clock read already, or
         ``now_ms`` given)."""
         packed = self._plain.pack(k, spec, limits, short_id, args, now_ms)
-        plain.send(self._plain, self._kept, k, packed, k.job(short_id))
+        plain.send(self._plain, self._kept, packed, k.job(short_id))
 
     def run(self, call: ScriptCall[T], client: Any = None) -> T:
         """Execute ``call`` on ``client`` (default: the client this runner was made with).
@@ -290,7 +290,7 @@ class ScriptRunner:
                 message = self._packer.pack(call, script.sha)
                 if probe is not None:
                     conn.send_packed_command([self._plain.probe(probe), message])
-                    self._plain.note_waiters(probe, _count(conn.read_response))
+                    self._plain.note_waiters(probe.waiters, _count(conn.read_response))
                     return conn.read_response()
                 if not timed:
                     conn.send_packed_command([message])
@@ -377,7 +377,7 @@ class AsyncScriptRunner:
                             short_id: str, args: bytes, now_ms: float | None = None) -> None:
         """The async twin of :meth:`ScriptRunner.enqueue_plain`."""
         packed = self._plain.pack(k, spec, limits, short_id, args, now_ms)
-        await plain.asend(self._plain, self._kept, k, packed, k.job(short_id))
+        await plain.asend(self._plain, self._kept, packed, k.job(short_id))
 
     async def run(self, call: ScriptCall[T], client: Any = None) -> T:
         if client is None and self._pool is not None and call.name in DIRECT:
@@ -404,7 +404,7 @@ class AsyncScriptRunner:
                 message = self._packer.pack(call, script.sha)
                 if probe is not None:
                     await conn.send_packed_command([self._plain.probe(probe), message])
-                    self._plain.note_waiters(probe, await _acount(conn.read_response))
+                    self._plain.note_waiters(probe.waiters, await _acount(conn.read_response))
                     return await conn.read_response()
                 if not timed:
                     await conn.send_packed_command([message])

@@ -112,10 +112,13 @@ class _Shape:
 class Packed(NamedTuple):
     """A packed MULTI: its bytes, the replies before EXEC's (MULTI's OK and the QUEUEDs),
     the places in EXEC's reply of the waiters' count and of TIME (None: not sent), and the
-    shape and bucket it gave a lifetime (None: no EXPIRE sent)."""
+    shape and bucket it gave a lifetime (None: no EXPIRE sent).
+
+    ``waiters`` names the queue's waiters key, where the count's finding is kept."""
 
     message: bytes
     queued: int
+    waiters: str
     count_at: int | None
     time_at: int | None
     expiring: tuple[_Shape, int, float] | None
@@ -191,9 +194,9 @@ class PlainEnqueue:
             parts.append(TIME_COMMAND)
             time_at, n = n, n + 1
         parts.append(_EXEC)
-        return Packed(b"".join(parts), 1 + n, count_at, time_at, expiring)
+        return Packed(b"".join(parts), 1 + n, k.waiters, count_at, time_at, expiring)
 
-    def parse(self, k: QueueKeys, packed: Packed, replies: list[Any]) -> None:
+    def parse(self, packed: Packed, replies: list[Any]) -> None:
         """Check EXEC's replies (an error in one raises it); note whether the queue has
         live waiters and the server time, when the MULTI read them."""
         for i, reply in enumerate(replies):
@@ -205,7 +208,7 @@ class PlainEnqueue:
             shape, start, when = packed.expiring
             shape.expired = (start, when)
         if packed.count_at is not None:
-            self.note_waiters(k, replies[packed.count_at])
+            self.note_waiters(packed.waiters, replies[packed.count_at])
         if packed.time_at is not None:
             self.observe(from_reply(replies[packed.time_at]))
 
@@ -218,12 +221,13 @@ class PlainEnqueue:
         """The count of ``k``'s live waiters, packed, to send before an enqueue script."""
         return _command("ZCOUNT", k.waiters, f"({int(self.clock.now() * 1000)}", "+inf")
 
-    def note_waiters(self, k: QueueKeys, count: Any) -> None:
-        """Keep what a count of live waiters found (a reply that is no count reads as none:
-        a mangled waiters key must not keep enqueues off the cheap path)."""
+    def note_waiters(self, waiters: str, count: Any) -> None:
+        """Keep what a count of the live waiters under key ``waiters`` found (a reply that
+        is no count reads as none: a mangled key must not keep enqueues off the cheap
+        path)."""
         if len(self._waiting) >= self.LIMIT:
             self._waiting.clear()
-        self._waiting[k.waiters] = isinstance(count, int) and count > 0
+        self._waiting[waiters] = isinstance(count, int) and count > 0
 
 
 KEEP_SECONDS = 1.0  # a kept connection goes back to its pool and is taken again this often
@@ -333,8 +337,7 @@ async def _aexchange(conn: Any, message: bytes, queued: int) -> list[Any]:
 _BUSY, _BROKE = "busy", "broke"  # what became of a send on the kept connection
 
 
-def send(plain: PlainEnqueue, kept: Kept, k: QueueKeys, packed: Packed, record_key: str
-         ) -> None:
+def send(plain: PlainEnqueue, kept: Kept, packed: Packed, record_key: str) -> None:
     """Send a packed MULTI and check its replies: on the kept connection when it is free,
     else on a pooled one. A MULTI sent on a connection that broke before its reply may
     have run: before it is sent again (once) the job's record is looked for, and if it is
@@ -343,11 +346,11 @@ def send(plain: PlainEnqueue, kept: Kept, k: QueueKeys, packed: Packed, record_k
     message, queued = packed.message, packed.queued
     first = _on_kept(kept, message, queued)
     if isinstance(first, list):
-        plain.parse(k, packed, first)
+        plain.parse(packed, first)
         return
     replies = _on_pool(kept.pool, message, queued, record_key, sent=first == _BROKE)
     if replies is not None:
-        plain.parse(k, packed, replies)
+        plain.parse(packed, replies)
 
 
 def _on_kept(kept: Kept, message: bytes, queued: int) -> list[Any] | str:
@@ -397,17 +400,17 @@ def _on_pool(pool: Any, message: bytes, queued: int, record_key: str, sent: bool
         pool.release(conn)
 
 
-async def asend(plain: PlainEnqueue, kept: AsyncKept, k: QueueKeys, packed: Packed,
-                record_key: str) -> None:
+async def asend(plain: PlainEnqueue, kept: AsyncKept, packed: Packed, record_key: str
+                ) -> None:
     """The async twin of :func:`send`."""
     message, queued = packed.message, packed.queued
     first = await _aon_kept(kept, message, queued)
     if isinstance(first, list):
-        plain.parse(k, packed, first)
+        plain.parse(packed, first)
         return
     replies = await _aon_pool(kept.pool, message, queued, record_key, sent=first == _BROKE)
     if replies is not None:
-        plain.parse(k, packed, replies)
+        plain.parse(packed, replies)
 
 
 async def _aon_kept(kept: AsyncKept, message: bytes, queued: int) -> list[Any] | str:
