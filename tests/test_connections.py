@@ -3,13 +3,16 @@ a half-open connection is noticed within seconds, and a worker comes back after 
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
 import pytest
 import redis
+import redis.asyncio
 
 import conveyor
+import conveyor.clients
 from conveyor.clients import SOCKET_TIMEOUT
 from conveyor.faults.proxy import Proxy
 from helpers import RedisServer, running_worker
@@ -70,3 +73,34 @@ def test_a_worker_comes_back_after_a_black_hole(redis_server: RedisServer) -> No
         finally:
             through.close()
             direct.close()
+
+
+@pytest.mark.parametrize("args", [
+    ("SET", "k", "é"),
+    ("EVALSHA", "a" * 40, 2, "x", b"\x00\xff", 1.5, -3, ""),
+    ("SET", "k", memoryview(b"view")),  # hiredis refuses it: redis-py's path copies it
+    ("SET", bytearray(b"k"), b"v"),
+    ("CONFIG GET", "maxmemory"),  # a two-word name is split
+    (b"GET", "k"),
+])
+def test_async_connections_pack_commands_as_redis_py_does(args: tuple[object, ...]) -> None:
+    ours = conveyor.clients.HiredisPackedConnection().pack_command(*args)
+    theirs = redis.asyncio.connection.Connection().pack_command(*args)
+    assert b"".join(ours) == b"".join(theirs)
+
+
+def test_the_async_client_sends_what_it_packs(redis_server: RedisServer) -> None:
+    async def main() -> list[object]:
+        client = conveyor.clients.async_client(redis_server.url)
+        try:
+            await client.set("packed", memoryview(b"\x00\xff"))
+            await client.execute_command("HSET", "h", "f", 2.5, "n", 7)
+            return [await client.get("packed"), await client.hgetall("h"),
+                    await client.config_get("maxmemory")]
+        finally:
+            await client.aclose()
+
+    raw, mapping, config = asyncio.run(main())
+    assert raw == b"\x00\xff"
+    assert mapping == {b"f": b"2.5", b"n": b"7"}
+    assert list(config) == [b"maxmemory"] or list(config) == ["maxmemory"]

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
+import hiredis
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
@@ -49,11 +50,21 @@ from .errors import ConfigurationError
 
 
 class HiredisPackedConnection(AsyncConnection):
-    """An asyncio connection that packs commands with hiredis."""
+    """An asyncio connection that packs commands with hiredis.
+
+    A command whose name is one word goes to ``hiredis.pack_command`` as it is: a worker's
+    ``finish`` carries six arguments per job, and redis-py's serializer first copies them
+    all in a generator (to turn a ``memoryview`` into bytes, which hiredis refuses with a
+    ``TypeError``: such a command, and a two-word name like ``SCRIPT LOAD``, take its path).
+    """
 
     _serializer = HiredisRespSerializer()
 
     def pack_command(self, *args: Any) -> list[bytes]:
+        name = args[0]
+        if type(name) is str and " " not in name:
+            with contextlib.suppress(TypeError):
+                return [hiredis.pack_command(args)]
         packed: list[bytes] = self._serializer.pack(*args)
         return packed
 

@@ -301,7 +301,11 @@ def enqueue(
     return _call("enqueue", k, fixed, rest, _parse_enqueue(jobs))
 
 
-@dataclass(frozen=True, slots=True)
+# Built once per job on a worker's hot path, so not frozen: a frozen dataclass sets each
+# field through object.__setattr__, which made building one about five times dearer
+# (0.77 against 0.14 us for a Leased). Treat them as values all the same: never assign a
+# field (dataclasses.replace makes a changed copy); they hash and compare by value.
+@dataclass(slots=True, unsafe_hash=True)
 class Leased:
     """A job leased to a worker by ``fetch``.
 
@@ -456,7 +460,7 @@ def fetch(
     return _call("fetch", k, fixed, (), parse)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per job: not frozen, see Leased
 class Outcome:
     """The result of one attempt, as ``finish`` records it."""
 
