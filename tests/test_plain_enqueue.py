@@ -448,3 +448,38 @@ def test_a_reply_lost_after_the_enqueue_ran_stores_the_job_once(
             app.close()
         assert listed() == 1
         assert int(direct.hget(k.counts, "ready")) == 1
+
+
+def test_an_async_plain_enqueue_keeps_its_deadline(server: RedisServer) -> None:
+    """The async MULTI reads its replies under one deadline for the whole exchange (the
+    connection's socket timeout) instead of a timer per reply: a slow reply within it
+    arrives, a reply that never comes fails the call in bounded time, and once the
+    connection is healthy again enqueues go on."""
+    with Proxy(("127.0.0.1", server.port)) as proxy:
+        app = conveyor.Conveyor(proxy.url + "?socket_timeout=1", namespace="deadline")
+        task = _task(app)
+
+        async def main() -> float:
+            first = await task.aenqueue(0)  # the queue known
+            await task.aenqueue(0)  # the clock read: the next ones are plain
+            proxy.delay(0.3)
+            slow = await task.aenqueue(1)
+            proxy.heal()
+            proxy.blackhole()
+            began = time.monotonic()
+            with pytest.raises((redis.exceptions.TimeoutError,
+                                redis.exceptions.ConnectionError)):
+                await task.aenqueue(2)
+            took = time.monotonic() - began
+            proxy.heal()
+            proxy.reset()  # the connections that timed out are dropped either way
+            last = await task.aenqueue(3)
+            assert all(await asyncio.gather(*(app.aredis().exists(app.keys(Q).job(j.short_id))
+                                              for j in (first, slow, last))))
+            return took
+
+        try:
+            took = asyncio.run(asyncio.wait_for(main(), 60))
+        finally:
+            app.close()
+        assert took < 20  # the kept connection's 1 s, then the pool's bounded retries

@@ -25,6 +25,8 @@ every :data:`CLOCK_REFRESH_S` seconds; before the first estimate the script path
 
 from __future__ import annotations
 
+import asyncio
+import math
 import os
 import threading
 import time
@@ -49,6 +51,9 @@ CLOCK_REFRESH_S = 1.0  # longest a plain enqueue trusts its clock estimate unren
 EXPIRE_EVERY_S = 1.0
 COUNT_EVERY_S = 0.05
 _TRACE_DIGITS = frozenset("0123456789abcdefABCDEF")
+# An asyncio read_response given this timeout arms no timer of its own (redis-py >= 8; an
+# older one arms one that never fires): the caller's deadline bounds it instead.
+_NO_TIMER = math.inf
 
 
 @lru_cache(maxsize=1024)
@@ -320,17 +325,25 @@ def _exchange(conn: Any, message: bytes, queued: int) -> list[Any]:
 
 
 async def _aexchange(conn: Any, message: bytes, queued: int) -> list[Any]:
-    await conn.send_packed_command([message])
-    refused = None
-    for _ in range(queued):
-        try:
-            await conn.read_response()
-        except ResponseError as exc:
-            refused = refused or exc
+    """:func:`_exchange` on an asyncio connection, under one deadline for the whole
+    exchange (the connection's socket timeout): redis-py's own arms and disarms a timer
+    for each of the replies, which cost more than the rest of an async enqueue's Python."""
     try:
-        reply = await conn.read_response()
-    except ResponseError as exc:
-        raise refused or exc from None
+        async with asyncio.timeout(conn.socket_timeout):
+            await conn.send_packed_command([message])
+            refused = None
+            for _ in range(queued):
+                try:
+                    await conn.read_response(timeout=_NO_TIMER)
+                except ResponseError as exc:
+                    refused = refused or exc
+            try:
+                reply = await conn.read_response(timeout=_NO_TIMER)
+            except ResponseError as exc:
+                raise refused or exc from None
+    except TimeoutError as exc:  # the deadline passed; redis-py's error, as its own read's
+        raise RedisTimeoutError(f"no reply to a plain enqueue within {conn.socket_timeout} s"
+                                ) from exc
     return reply  # type: ignore[no-any-return]
 
 
