@@ -75,47 +75,52 @@ for i = 0, n - 1 do
   if f[1] ~= 'active' or f[2] ~= token then
     codes[#codes + 1] = 0
   else
-    local job = finished_job(f, started_at, now_s)
+    -- The event's fields are gathered only for a queue that streams (see emit_event).
+    local task, state, err = f[3] or '', nil, nil
     done_leases[#done_leases + 1] = id
-    done_tasks[job.task] = (done_tasks[job.task] or 0) + 1
+    done_tasks[task] = (done_tasks[task] or 0) + 1
     done_tenants[f[9] or ''] = (done_tenants[f[9] or ''] or 0) + 1
     outcome, payload = final_outcome(outcome, payload, f, snooze_cap)
     if outcome ~= 'snooze' then
       local enqueued_at, run_at = (tonumber(f[7]) or 0) / 1000, tonumber(f[8]) or 0
       local waited = (tonumber(started_at) or 0) - math.max(enqueued_at, run_at)
-      observe(tally, job.task, waited, now / 1000 - (tonumber(started_at) or now / 1000))
+      observe(tally, task, waited, now / 1000 - (tonumber(started_at) or now / 1000))
     end
     local due = now + (tonumber(ARGV[base + 5]) or 0)
     if outcome == 'ok' then
-      job.state = 'succeeded'
+      state = 'succeeded'
       settle_succeeded(key, payload, started_at, now_s, retention)
-      count(tally, job.task, 'succeeded', 1)
+      count(tally, task, 'succeeded', 1)
       codes[#codes + 1] = 1
     elseif outcome == 'retry' then
       settle_retrying(key, delayed, id, payload, started_at, now_s, due)
-      count(tally, job.task, 'failed', 1)
-      count(tally, job.task, 'retried', 1)
+      count(tally, task, 'failed', 1)
+      count(tally, task, 'retried', 1)
       retried, codes[#codes + 1] = true, 2
     elseif outcome == 'snooze' then
       settle_snoozed(key, delayed, id, f[4], started_at, due)
       retried, codes[#codes + 1] = true, 5
     elseif outcome == 'cancelled' then
-      job.state, job.error = 'cancelled', payload
+      state, err = 'cancelled', payload
       settle_cancelled(key, payload, started_at, now_s, retention)
       codes[#codes + 1] = 4
     else
-      job.state, job.error = 'dead', payload
+      state, err = 'dead', payload
       settle_dead(key, payload, started_at, now_s)
       for _, old in ipairs(bury(dead, job_prefix, id, now, dead_cap)) do
         trimmed[#trimmed + 1] = old
       end
-      count(tally, job.task, 'failed', 1)
-      count(tally, job.task, 'dead', 1)
+      count(tally, task, 'failed', 1)
+      count(tally, task, 'dead', 1)
       codes[#codes + 1] = 3
     end
-    if job.state ~= nil then
+    if state ~= nil then
       free_dedupe_key(dedupe_prefix, f[6], id)
-      emit_event(events, events_maxlen, id, job)
+      if streaming(events) then
+        local job = finished_job(f, started_at, now_s)
+        job.state, job.error = state, err
+        emit_event(events, events_maxlen, id, job)
+      end
       handed = handed + hand_over(job_prefix, id, now, f[14] ~= false)
     end
   end

@@ -9,6 +9,60 @@ local function new_lease_batch()
     token_base = 0, tokens_left = 0 }
 end
 
+-- Whether a field that must be a number, if present, is one (finite; `positive`: > 0).
+local function number_or_absent(value, positive)
+  if not value then return true end
+  local x = tonumber(value)
+  return x ~= nil and finite(x) and (not positive or x > 0)
+end
+
+-- Whether an optional priority is an integer 0-9 (record_problem's rule).
+local function priority_or_absent(value)
+  if not value then return true end
+  local p = tonumber(value)
+  return p ~= nil and p == math.floor(p) and p >= 0 and p <= 9
+end
+
+-- Lease one ready job: a fresh token, the record active, its deadline, and its fields in
+-- the reply. `f` holds the record's fields as lease_ready reads them.
+local function grant(k, acc, now, want, nonce, id, key, f)
+  if acc.tokens_left == 0 then
+    acc.token_base = redis.call('INCRBY', k.seq, want) - want
+    acc.tokens_left = want
+  end
+  acc.token_base, acc.tokens_left = acc.token_base + 1, acc.tokens_left - 1
+  local attempts = (tonumber(f[3]) or 0) + 1
+  local token = string.format('%d', acc.token_base) .. '.' .. nonce
+  local vt = tonumber(f[5]) or DEFAULT_VT
+  redis.call('HSET', key, 's', 'active', 'attempts', attempts, 'token', token)
+  local leases, nl = acc.leases, #acc.leases
+  leases[nl + 1], leases[nl + 2] = now + vt, id
+  local task = f[6] or ''
+  acc.active[task] = (acc.active[task] or 0) + 1
+  local tenant = f[7]
+  if tenant and tenant ~= '' then acc.by_tenant[tenant] = (acc.by_tenant[tenant] or 0) + 1 end
+  local jobs, n = acc.jobs, #acc.jobs
+  jobs[n + 1], jobs[n + 2], jobs[n + 3], jobs[n + 4] = id, token, task, f[10] or ''
+  jobs[n + 5], jobs[n + 6] = attempts, f[4] or DEFAULT_MAX_ATTEMPTS
+  jobs[n + 7], jobs[n + 8], jobs[n + 9] = f[8] or '', f[9] or '', vt
+end
+
+-- Lease a popped id whose record is a ready job that record_problem would find nothing
+-- wrong with, reading only the fields a lease needs, into no table of names: the path of
+-- almost every job. Anything else (another state, a bad field, no record) returns false,
+-- for the careful path that reads the record whole.
+local function lease_ready(k, acc, now, want, nonce, id, key)
+  local f = redis.call('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'e',
+    'run_at', 'a')
+  if f[1] ~= 'ready' or not priority_or_absent(f[2]) or not number_or_absent(f[3])
+      or not number_or_absent(f[4]) or not number_or_absent(f[5], true) then
+    return false
+  end
+  acc.popped_ready = acc.popped_ready + 1
+  grant(k, acc, now, want, nonce, id, key, f)
+  return true
+end
+
 -- A function that leases one popped id if it is a ready job and says whether it did.
 -- Cancelled jobs are dropped here (their ready count was taken off at cancel); a missing
 -- record (expired) or a stray entry of a job held elsewhere is skipped; a record that
@@ -16,6 +70,7 @@ end
 local function lease_taker(k, cfg, tally, out, now, want, nonce, acc)
   return function(id)
     local key = k.job_prefix .. id
+    if lease_ready(k, acc, now, want, nonce, id, key) then return true end
     local r = read_record(key, true)
     -- A cancelled job's record starts to expire now that no list names it (see cancel.lua).
     if r.state == 'cancelled' then
@@ -29,24 +84,10 @@ local function lease_taker(k, cfg, tally, out, now, want, nonce, acc)
       return false
     end
     if r.state ~= 'ready' then return false end
-    if acc.tokens_left == 0 then
-      acc.token_base = redis.call('INCRBY', k.seq, want) - want
-      acc.tokens_left = want
-    end
-    acc.token_base, acc.tokens_left = acc.token_base + 1, acc.tokens_left - 1
-    local attempts = (tonumber(r.attempts) or 0) + 1
-    local token = string.format('%d', acc.token_base) .. '.' .. nonce
-    local vt = tonumber(r.vt) or DEFAULT_VT
-    redis.call('HSET', key, 's', 'active', 'attempts', attempts, 'token', token)
-    acc.leases[#acc.leases + 1] = now + vt
-    acc.leases[#acc.leases + 1] = id
-    acc.active[r.task] = (acc.active[r.task] or 0) + 1
-    local tenant = r.tenant or ''
-    if tenant ~= '' then acc.by_tenant[tenant] = (acc.by_tenant[tenant] or 0) + 1 end
-    local jobs, n = acc.jobs, #acc.jobs
-    jobs[n + 1], jobs[n + 2], jobs[n + 3], jobs[n + 4] = id, token, r.task, r.args or ''
-    jobs[n + 5], jobs[n + 6] = attempts, r.max_attempts or DEFAULT_MAX_ATTEMPTS
-    jobs[n + 7], jobs[n + 8], jobs[n + 9] = r.enqueued_ms or '', r.run_at or '', vt
+    -- A ready record without a problem: lease_ready has taken it already, unless its
+    -- checks and record_problem's ever part; then it is leased here rather than dropped.
+    grant(k, acc, now, want, nonce, id, key, { r.state, r.priority, r.attempts,
+      r.max_attempts, r.vt, r.task, r.tenant, r.enqueued_ms, r.run_at, r.args })
     return true
   end
 end
