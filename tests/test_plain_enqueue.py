@@ -483,3 +483,72 @@ def test_an_async_plain_enqueue_keeps_its_deadline(server: RedisServer) -> None:
         finally:
             app.close()
         assert took < 20  # the kept connection's 1 s, then the pool's bounded retries
+
+
+MANGLED = ("inbox", "counts", "metric bucket", "wake", "waiters", "ready list", "ring",
+           "priorities")
+
+
+def _mangle(app: conveyor.Conveyor, client: redis.Redis, which: str) -> list[str]:
+    """Write a string over one of the queue's keys; the keys written over."""
+    k = app.keys(Q)
+    if which == "metric bucket":  # this bucket and the next: the enqueue may cross over
+        width = app.limits.bucket_seconds
+        start = int(float(client.time()[0]) // width * width)
+        keys = [f"{k.metrics_prefix}{start}", f"{k.metrics_prefix}{start + width}"]
+    else:
+        keys = [{"inbox": k.inbox, "counts": k.counts, "wake": k.wake, "waiters": k.waiters,
+                 "ready list": f"{k.ready_prefix}{record.DEFAULT_PRIORITY}:",
+                 "ring": f"{k.ring_prefix}{record.DEFAULT_PRIORITY}",
+                 "priorities": k.priorities}[which]]
+    for key in keys:
+        client.set(key, "written over by hand")
+    return keys
+
+
+@pytest.mark.parametrize("path", ["plain", "async plain", "script"])
+@pytest.mark.parametrize("which", MANGLED)
+def test_an_enqueue_meeting_a_key_of_the_wrong_type_stores_its_job_once_or_not_at_all(
+    papp: conveyor.Conveyor, server: RedisServer, path: str, which: str,
+) -> None:
+    """Redis runs the rest of a MULTI, and of a script, after a command that meets a key of
+    the wrong type. Whatever the key, a single enqueue either returns its job, stored and
+    listed once, or raises having stored nothing: a caller that retries after an error
+    never gets the job twice, and no record is left that nothing lists."""
+    task = _task(papp)
+    k = papp.keys(Q)
+    direct = server.client()
+    job = task.options(key="one") if path == "script" else task  # a dedupe key: the script
+    mangled: list[str] = []
+    before: set[bytes] = set()
+
+    def mangle() -> None:
+        _fetch(papp)  # the warm-up's jobs out of the way
+        before.update(direct.scan_iter(f"{k.job_prefix}*"))
+        mangled.extend(_mangle(papp, direct, which))
+
+    async def warm_then_enqueue() -> str:
+        await task.aenqueue(0)  # the queue known
+        await task.aenqueue(0)  # the clock read: the next one is plain
+        mangle()
+        return (await task.aenqueue(1)).short_id
+
+    stored: str | None = None
+    try:
+        if path == "async plain":
+            stored = asyncio.run(warm_then_enqueue())
+        else:
+            _warm(papp)
+            mangle()
+            stored = job.enqueue(1).short_id
+    except redis.exceptions.ResponseError as exc:
+        assert "WRONGTYPE" in str(exc)
+    new = {key.decode() for key in set(direct.scan_iter(f"{k.job_prefix}*")) - before}
+    direct.delete(*mangled)  # the repair
+    leased = _fetch(papp)
+    if stored is None:
+        assert new == set()
+        assert leased == []
+    else:
+        assert new == {k.job(stored)}
+        assert leased == [stored]

@@ -115,27 +115,40 @@ if claim ~= '' then record[#record + 1] = 'tick'; record[#record + 1] = seconds(
 if trace ~= '' then record[#record + 1] = 'tr'; record[#record + 1] = trace end
 local n_fields = #record
 
+-- A key of the wrong type (one written over by hand) must not leave a call half applied:
+-- a call that fails has stored no job, and a call that stored its jobs returns them (if it
+-- failed, its caller would store them again). So the jobs are counted and listed first,
+-- before their records exist (an id without a record is skipped where it is popped), and
+-- the count is taken back when the listing fails; the metrics and the wake-up come last,
+-- and a key of theirs that refuses is passed over.
 local ids = {}
+for i = 0, n_jobs - 1 do ids[i + 1] = ARGV[FIRST + i * 2] end
+if n_jobs > 0 then
+  if scheduled then
+    for _, id in ipairs(ids) do redis.call('ZADD', delayed, due, id) end
+  else
+    redis.call('HINCRBY', counts, 'ready', n_jobs)
+    local listed, refused = pcall(push_ready_many, ready_prefix, ring_prefix, priorities, ids,
+      ARGV[8], tenant)
+    if not listed then
+      redis.call('HINCRBY', counts, 'ready', -n_jobs)
+      return redis.error_reply(type(refused) == 'table' and refused.err or tostring(refused))
+    end
+  end
+end
 for i = 0, n_jobs - 1 do
-  local id = ARGV[FIRST + i * 2]
   record[n_fields + 1], record[n_fields + 2] = 'a', ARGV[FIRST + i * 2 + 1]
-  redis.call('HSET', job_prefix .. id, unpack(record))
-  if scheduled then redis.call('ZADD', delayed, due, id) end
-  ids[i + 1] = id
+  redis.call('HSET', job_prefix .. ids[i + 1], unpack(record))
 end
 if key ~= '' then
   keyed_created({ dedupe_prefix = dedupe_prefix, throttle_prefix = KEYS[11] }, key, ids[1],
     throttle_ms)
 end
-if not scheduled then
-  push_ready_many(ready_prefix, ring_prefix, priorities, ids, ARGV[8], tenant)
-  redis.call('HINCRBY', counts, 'ready', n_jobs)
-end
 
 if n_jobs > 0 then
   local tally = new_tally()
   count(tally, task, 'enqueued', n_jobs)
-  write_tally(tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
+  pcall(write_tally, tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
   enqueue_hand_off(now, scheduled and 0 or n_jobs)  -- or wake a worker
 end
 return n_jobs

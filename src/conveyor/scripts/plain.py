@@ -18,6 +18,15 @@ starts a new job as soon as the enqueue returns, and once the count finds none (
 workers are busy, or gone) the cheap path is taken again. Each count is one ``ZCOUNT``
 in a round trip that is made anyway.
 
+A MULTI is not all or nothing when one of its keys has the wrong type (a key written over
+by hand): Redis runs the other commands. The rule kept is the script's: a call that raises
+has stored no job, and a call whose job was stored and listed returns it. So when the
+inbox refused the job, what the MULTI wrote (the record, the ready count, the metric) is
+taken back before the error is raised; when only the bookkeeping failed (the ready count,
+the metric, the wake-up marker), the job is stored and will run: the call returns, and
+the error is logged (once a minute per error), since raising would have the caller store
+the job a second time.
+
 The enqueue time on the record comes from this process's estimate of the server's clock
 (:class:`~conveyor.clock.ServerClock`), renewed by a ``TIME`` inside the MULTI at most
 every :data:`CLOCK_REFRESH_S` seconds; before the first estimate the script path is taken.
@@ -26,6 +35,8 @@ every :data:`CLOCK_REFRESH_S` seconds; before the first estimate the script path
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import math
 import os
 import threading
@@ -45,12 +56,15 @@ if TYPE_CHECKING:
     from ..keys import QueueKeys
     from .calls import JobSpec, Limits
 
+log = logging.getLogger("conveyor.enqueue")
 CLOCK_REFRESH_S = 1.0  # longest a plain enqueue trusts its clock estimate unrenewed
 # A metric bucket's EXPIRE and the count of a queue's waiters ride along at most this often
 # per task (bucket) and per queue: in a burst of enqueues the MULTI is two commands shorter.
 EXPIRE_EVERY_S = 1.0
 COUNT_EVERY_S = 0.05
 _TRACE_DIGITS = frozenset("0123456789abcdefABCDEF")
+HSET_AT, RPUSH_AT = 0, 1  # places in EXEC's reply of the record's write and the listing
+WARN_EVERY_S = 60.0  # a bookkeeping error is logged at most this often (per error text)
 # An asyncio read_response given this timeout arms no timer of its own (redis-py >= 8; an
 # older one arms one that never fires): the caller's deadline bounds it instead.
 _NO_TIMER = math.inf
@@ -105,6 +119,8 @@ class _Shape:
         self.metrics_prefix = k.metrics_prefix
         self.bucket_seconds = limits.bucket_seconds
         self.bucket_ttl = b"%d" % limits.bucket_ttl
+        self.counts = k.counts
+        self.metric_name = f"{spec.task}|enqueued"
         self.wake = _command("LPUSH", k.wake, "1") + _command("LTRIM", k.wake, 0, 0)
         self.waiters = _bulk(k.waiters)
         # The bucket this shape's MULTI last gave its lifetime (EXEC succeeded), and when
@@ -119,7 +135,9 @@ class Packed(NamedTuple):
     the places in EXEC's reply of the waiters' count and of TIME (None: not sent), and the
     shape and bucket it gave a lifetime (None: no EXPIRE sent).
 
-    ``waiters`` names the queue's waiters key, where the count's finding is kept."""
+    ``waiters`` names the queue's waiters key, where the count's finding is kept; the
+    shape, the job's short id and the metric bucket's key say what to take back when the
+    inbox refused the job (:meth:`undo`)."""
 
     message: bytes
     queued: int
@@ -127,6 +145,28 @@ class Packed(NamedTuple):
     count_at: int | None
     time_at: int | None
     expiring: tuple[_Shape, int, float] | None
+    shape: _Shape
+    short_id: str
+    bucket: str
+
+    def undo(self) -> bytes:
+        """What takes back the writes of a MULTI whose job the inbox refused: the record,
+        the ready count and the enqueued metric (the last two fail harmlessly where their
+        own key was what refused, or where the MULTI's increment did not run)."""
+        shape = self.shape
+        return (_command("DEL", shape.job_prefix + self.short_id)
+                + _command("HINCRBY", shape.counts, "ready", -1)
+                + _command("ZINCRBY", self.bucket, -1, shape.metric_name))
+
+
+class NotStored(Exception):
+    """A plain MULTI whose job the inbox refused: ``error`` is Redis's, to raise once
+    ``packed.undo()`` has run."""
+
+    def __init__(self, error: ResponseError, packed: Packed) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.packed = packed
 
 
 _MULTI = _command("MULTI")
@@ -145,6 +185,7 @@ class PlainEnqueue:
         # waiters key -> whether the latest count found live waiters for that queue
         self._waiting: dict[str, bool] = {}
         self._counted: dict[str, float] = {}  # waiters key -> when a MULTI last counted them
+        self._warned: dict[str, float] = {}  # error text -> when it was last logged
 
     def ready(self) -> bool:
         """Whether the clock has been read: until then, enqueues take the script path."""
@@ -171,7 +212,8 @@ class PlainEnqueue:
         if now_ms is None:
             now_ms = self.clock.now() * 1000
         start = int(now_ms / 1000 / shape.bucket_seconds) * shape.bucket_seconds
-        bucket = _bulk(f"{shape.metrics_prefix}{start}")
+        bucket_key = f"{shape.metrics_prefix}{start}"
+        bucket = _bulk(bucket_key)
         parts = [
             _MULTI,
             shape.hset_head, _bulk(shape.job_prefix + short_id), shape.fields_before_e,
@@ -199,16 +241,25 @@ class PlainEnqueue:
             parts.append(TIME_COMMAND)
             time_at, n = n, n + 1
         parts.append(_EXEC)
-        return Packed(b"".join(parts), 1 + n, k.waiters, count_at, time_at, expiring)
+        return Packed(b"".join(parts), 1 + n, k.waiters, count_at, time_at, expiring, shape,
+                      short_id, bucket_key)
 
     def parse(self, packed: Packed, replies: list[Any]) -> None:
-        """Check EXEC's replies (an error in one raises it); note whether the queue has
-        live waiters and the server time, when the MULTI read them."""
+        """Check EXEC's replies; note whether the queue has live waiters and the server
+        time, when the MULTI read them.
+
+        :raises NotStored: the inbox refused the job (take its writes back, then raise)
+        """
+        if isinstance(replies[RPUSH_AT], ResponseError):
+            raise NotStored(replies[RPUSH_AT], packed)
+        if isinstance(replies[HSET_AT], ResponseError):
+            # The new id's key holds something else: nothing of this call's to take back.
+            raise replies[HSET_AT]
         for i, reply in enumerate(replies):
-            # The count is advice: a mangled waiters key must not fail an enqueue that,
-            # the MULTI having run, has stored its job.
+            # The job is stored and listed: an error now is the bookkeeping's (the count
+            # of waiters is advice anyway), and raising would have the job stored twice.
             if isinstance(reply, ResponseError) and i != packed.count_at:
-                raise reply
+                self._warn(packed, reply)
         if packed.expiring is not None:
             shape, start, when = packed.expiring
             shape.expired = (start, when)
@@ -216,6 +267,17 @@ class PlainEnqueue:
             self.note_waiters(packed.waiters, replies[packed.count_at])
         if packed.time_at is not None:
             self.observe(from_reply(replies[packed.time_at]))
+
+    def _warn(self, packed: Packed, error: ResponseError) -> None:
+        text = str(error)
+        now = time.monotonic()
+        if now - self._warned.get(text, -float("inf")) < WARN_EVERY_S:
+            return
+        if len(self._warned) >= self.LIMIT:
+            self._warned.clear()
+        self._warned[text] = now
+        log.warning("job %s is stored and will run, but Redis refused part of its"
+                    " bookkeeping (a queue key of the wrong type?): %s", packed.short_id, text)
 
     def hand_off(self, k: QueueKeys) -> bool:
         """Whether the latest count found live waiters of ``k``'s queue: its next single
@@ -359,11 +421,35 @@ def send(plain: PlainEnqueue, kept: Kept, packed: Packed, record_key: str) -> No
     message, queued = packed.message, packed.queued
     first = _on_kept(kept, message, queued)
     if isinstance(first, list):
-        plain.parse(packed, first)
+        _check(plain, kept.pool, packed, first)
         return
     replies = _on_pool(kept.pool, message, queued, record_key, sent=first == _BROKE)
     if replies is not None:
+        _check(plain, kept.pool, packed, replies)
+
+
+def _check(plain: PlainEnqueue, pool: Any, packed: Packed, replies: list[Any]) -> None:
+    """Parse EXEC's replies; a job the inbox refused is taken back, then its error raised."""
+    try:
         plain.parse(packed, replies)
+    except NotStored as refused:
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([packed.undo()])
+            for _ in range(3):
+                with contextlib.suppress(ResponseError):
+                    conn.read_response()
+        except BROKEN as exc:
+            conn.disconnect()
+            _left_behind(packed, exc)
+        finally:
+            pool.release(conn)
+        raise refused.error from None
+
+
+def _left_behind(packed: Packed, exc: Exception) -> None:
+    log.warning("the record of job %s, which the queue's inbox refused, may be left behind"
+                " (it is never listed, so it never runs): %s", packed.short_id, exc)
 
 
 def _on_kept(kept: Kept, message: bytes, queued: int) -> list[Any] | str:
@@ -419,11 +505,30 @@ async def asend(plain: PlainEnqueue, kept: AsyncKept, packed: Packed, record_key
     message, queued = packed.message, packed.queued
     first = await _aon_kept(kept, message, queued)
     if isinstance(first, list):
-        plain.parse(packed, first)
+        await _acheck(plain, kept.pool, packed, first)
         return
     replies = await _aon_pool(kept.pool, message, queued, record_key, sent=first == _BROKE)
     if replies is not None:
+        await _acheck(plain, kept.pool, packed, replies)
+
+
+async def _acheck(plain: PlainEnqueue, pool: Any, packed: Packed, replies: list[Any]) -> None:
+    """The async twin of :func:`_check`."""
+    try:
         plain.parse(packed, replies)
+    except NotStored as refused:
+        conn = await pool.get_connection()
+        try:
+            await conn.send_packed_command([packed.undo()])
+            for _ in range(3):
+                with contextlib.suppress(ResponseError):
+                    await conn.read_response()
+        except BROKEN as exc:
+            await conn.disconnect()
+            _left_behind(packed, exc)
+        finally:
+            await pool.release(conn)
+        raise refused.error from None
 
 
 async def _aon_kept(kept: AsyncKept, message: bytes, queued: int) -> list[Any] | str:

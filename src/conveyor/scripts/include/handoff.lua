@@ -33,12 +33,13 @@ local function renew_waiter(k, worker, slots, nonce, now, ttl_ms)
 end
 
 -- The live waiter registered last (the likeliest still to be there), as { worker, slots,
--- nonce }; one whose offer is missing or mangled is removed and skipped.
+-- nonce }; one whose offer is missing or mangled is removed and skipped. A waiters key of
+-- the wrong type reads as no waiter (the enqueue then wakes a worker instead).
 local function live_waiter(k, now)
   for _ = 1, 3 do
-    local found = redis.call('ZRANGE', k.waiters, '+inf', string.format('(%.3f', now),
+    local found = redis.pcall('ZRANGE', k.waiters, '+inf', string.format('(%.3f', now),
       'BYSCORE', 'REV', 'LIMIT', 0, 1)
-    if #found == 0 then return nil end
+    if found.err or #found == 0 then return nil end
     local offer = redis.call('HGET', k.waiter_offers, found[1])
     local slots, nonce = string.match(offer or '', '^(%d+):(%x+)$')
     slots = tonumber(slots)

@@ -35,15 +35,18 @@ local function push_ready(ready_prefix, ring_prefix, priorities, id, priority, t
 end
 
 -- Append a batch of jobs of one priority and tenant to their list (one RPUSH per thousand).
+-- The ring and the priorities are written before the list: should one of them refuse (a
+-- key of the wrong type), no job is listed where no pop would reach it (a tenant in its
+-- ring with an empty list is dropped by the next pop).
 local function list_ready_many(ready_prefix, ring_prefix, priorities, ids, priority, tenant)
+  if #ids == 0 then return end
   local list = ready_prefix .. priority .. ':' .. tenant
-  local length = 0
-  for i = 1, #ids, 1000 do
-    length = redis.call('RPUSH', list, unpack(ids, i, math.min(i + 999, #ids)))
-  end
-  if #ids > 0 and length == #ids then  -- the list was empty: its tenant joins the ring
+  if redis.call('LLEN', list) == 0 then  -- the list is empty: its tenant joins the ring
     redis.call('RPUSH', ring_prefix .. priority, tenant)
     redis.call('ZADD', priorities, priority, priority)
+  end
+  for i = 1, #ids, 1000 do
+    redis.call('RPUSH', list, unpack(ids, i, math.min(i + 999, #ids)))
   end
 end
 
@@ -138,8 +141,10 @@ local function pop_ready_many(ready_prefix, ring_prefix, priorities, want)
 end
 
 -- Tell one idle worker that there may be work; the list never holds more than one marker.
+-- A wake key of the wrong type wakes nobody rather than fail the call that made the work:
+-- idle workers also look for work after each quiet spell.
 local function wake_one(wake)
-  if redis.call('LLEN', wake) == 0 then redis.call('LPUSH', wake, '1') end
+  if redis.pcall('LLEN', wake) == 0 then redis.call('LPUSH', wake, '1') end
 end
 
 -- Count jobs just made ready and wake a worker for them.
