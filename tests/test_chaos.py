@@ -42,7 +42,8 @@ def test_short_run_through_the_command_holds_every_invariant(tmp_path: Path) -> 
     assert "seed 4242" in text and "every invariant held" in text
     assert re.search(r"│ failover +│ +- │ not injected: one server", text), text
     for kind in ("worker-kill", "worker-pause", "redis-kill", "client-kill", "oom",
-                 "poison-raise", "poison-kill", "poison-exit", "poison-hang", "cancel"):
+                 "poison-raise", "poison-kill", "poison-exit", "poison-hang", "cancel",
+                 "overwrite"):
         assert f"│ {kind} " in text, f"{kind} was not injected:\n{text}"
     if importlib.util.find_spec("conveyor.faults.proxy") is not None:
         for kind in ("proxy-blackhole", "proxy-reset"):

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 import conveyor
-from conveyor import record, testing
+from conveyor import keys, record, testing
 from conveyor.faults.proxy import Proxy
 from conveyor.scripts import calls, plain
 from helpers import RedisServer, wait_until
@@ -552,3 +552,25 @@ def test_an_enqueue_meeting_a_key_of_the_wrong_type_stores_its_job_once_or_not_a
     else:
         assert new == {k.job(stored)}
         assert leased == [stored]
+
+
+def test_a_metric_bucket_of_the_wrong_type_fails_neither_a_fetch_nor_a_finish(
+    papp: conveyor.Conveyor, server: RedisServer,
+) -> None:
+    """Metrics are bookkeeping: a bucket written over by hand is passed over. Were it not,
+    the fetch would fail after granting its leases (no worker told of them: each would
+    lapse and use up an attempt) and the finish after settling its jobs."""
+    task = _warm(papp)
+    k = papp.keys(Q)
+    jobs = [task.enqueue(i).short_id for i in range(3)]
+    now_ms = float(server.client().time()[0]) * 1000
+    start = int(now_ms / 1000 // papp.limits.bucket_seconds * papp.limits.bucket_seconds)
+    server.client().set(f"{k.metrics_prefix}{start}", "written over by hand")
+    fetched = papp.scripts.run(calls.fetch(k, 10, papp.limits, now=now_ms))
+    assert [j.short_id for j in fetched.jobs] == jobs
+    done = papp.scripts.run(calls.finish(
+        k, [calls.Outcome(j.short_id, j.token, "ok", now_ms / 1000) for j in fetched.jobs],
+        papp.limits, now=now_ms + 5))
+    assert done.codes == [calls.FINISH_SUCCEEDED] * 3
+    states = {papp.job(keys.job_id(Q, j)).info().state for j in jobs}
+    assert states == {conveyor.JobState.SUCCEEDED}

@@ -42,6 +42,7 @@ FAULT_KINDS = {
     "poison-hang": "a job whose sync task sleeps far past its timeout",
     "cancel": "cancel of a delayed job before it is due, and of a work job while it runs",
     "limits": "the queue's cap and tenant cap changed at runtime (or removed)",
+    "overwrite": "the queue's wake key and metric buckets written over with a string",
 }
 MIN_VICTIM_AGE = 1.5  # seconds: a worker still importing is not worth killing
 
@@ -105,7 +106,8 @@ class Injector:
                  poison: PoisonHook, cancel: Callable[[], str | None], stop: threading.Event,
                  proxy: Any = None,
                  cancel_running: Callable[[], str | None] = lambda: None,
-                 limits: LimitsHook | None = None) -> None:
+                 limits: LimitsHook | None = None,
+                 overwritten: Callable[[], list[str]] | None = None) -> None:
         self.target = target
         self.fleet = fleet
         self.rng = rng
@@ -115,6 +117,7 @@ class Injector:
         self.stop = stop
         self.proxy = proxy
         self.limits_hook = limits
+        self.overwritten_hook = overwritten
         self.began = time.monotonic()
         self.redis_lock = threading.Lock()  # held while Redis is down (the run waits on it)
 
@@ -124,7 +127,8 @@ class Injector:
         return {k: w for k, w in kinds.items()
                 if w > 0 and (self.proxy is not None or not k.startswith("proxy-"))
                 and (k != "failover" or self.target.fails_over)
-                and (self.limits_hook is not None or k != "limits")}
+                and (self.limits_hook is not None or k != "limits")
+                and (self.overwritten_hook is not None or k != "overwrite")}
 
     def inject(self, kind: str) -> Fault | None:
         """Run one episode of ``kind``; None when there was nothing to hit."""
@@ -247,6 +251,25 @@ class Injector:
         if not self.limits_hook(cap, tenant_cap):
             return None
         return f"concurrency {cap}, tenant concurrency {tenant_cap}", 0
+
+    def _overwrite(self) -> tuple[str, int] | None:
+        """Keys of the queue written over by hand (a string where a list or sorted set
+        belongs) for a while, then deleted: enqueues, fetches and finishes go on, passing
+        over the bookkeeping they cannot write; idle workers' waits for a marker fail and
+        are retried, and they find work by looking."""
+        assert self.overwritten_hook is not None
+        client = self._admin()
+        try:
+            keys = self.overwritten_hook()
+            for key in keys:
+                client.set(key, "written over by hand")
+            try:
+                seconds = self._hold(1.0, 3.0)
+            finally:
+                client.delete(*keys)
+        finally:
+            client.close()
+        return f"{len(keys)} keys for {seconds:g} s", 0
 
     def _cancel(self) -> tuple[str, int] | None:
         labels = [label for label in (self.cancel_hook(), self.cancel_running_hook()) if label]

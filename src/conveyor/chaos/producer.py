@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 
+from ..clock import server_now
 from ..job import Job
 from .profiles import Profile
 from .tasks import QUEUE, ChaosTasks
@@ -134,6 +135,16 @@ class Producer:
             return None
         self._keep(kind, label, job)
         return label
+
+    def overwritten_keys(self) -> list[str]:
+        """The queue's keys that a hand edit may write over without losing a job: its wake
+        marker and its current and next metric buckets (bookkeeping that every call passes
+        over when it has the wrong type)."""
+        app = self.tasks.app
+        k = app.keys(QUEUE)
+        width = app.limits.bucket_seconds
+        start = int(server_now(app.redis) // width * width)
+        return [k.wake, f"{k.metrics_prefix}{start}", f"{k.metrics_prefix}{start + width}"]
 
     def change_limits(self, cap: int | None, tenant_cap: int | None) -> bool:
         """Set the queue's cap and every tenant's (None: no limit); False if Redis refused."""

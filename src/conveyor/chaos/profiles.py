@@ -66,6 +66,7 @@ WEIGHTS = {
     "worker-kill": 3.0, "worker-pause": 2.0, "redis-kill": 2.0, "client-kill": 2.0,
     "oom": 2.0, "proxy-blackhole": 1.5, "proxy-reset": 1.5, "poison-raise": 0.7,
     "poison-kill": 0.5, "poison-exit": 0.5, "poison-hang": 0.5, "cancel": 1.0, "limits": 1.0,
+    "overwrite": 1.0,
     "failover": 3.0,  # a Sentinel set only
 }
 

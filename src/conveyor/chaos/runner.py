@@ -157,7 +157,8 @@ class ChaosRun:
         injector = Injector(target, fleet, random.Random(self.seed + 1), producer.poison,
                             producer.cancel, self.stop, proxy,
                             cancel_running=producer.cancel_running,
-                            limits=producer.change_limits)
+                            limits=producer.change_limits,
+                            overwritten=producer.overwritten_keys)
         threads = [threading.Thread(target=producer.run, name="producer", daemon=True),
                    threading.Thread(target=self._schedule, args=(injector,), name="faults",
                                     daemon=True)]

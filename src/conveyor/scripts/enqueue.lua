@@ -120,7 +120,7 @@ local n_fields = #record
 -- failed, its caller would store them again). So the jobs are counted and listed first,
 -- before their records exist (an id without a record is skipped where it is popped), and
 -- the count is taken back when the listing fails; the metrics and the wake-up come last,
--- and a key of theirs that refuses is passed over.
+-- and a key of theirs that refuses is passed over (write_tally, wake_one, live_waiter).
 local ids = {}
 for i = 0, n_jobs - 1 do ids[i + 1] = ARGV[FIRST + i * 2] end
 if n_jobs > 0 then
@@ -148,7 +148,7 @@ end
 if n_jobs > 0 then
   local tally = new_tally()
   count(tally, task, 'enqueued', n_jobs)
-  pcall(write_tally, tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
+  write_tally(tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
   enqueue_hand_off(now, scheduled and 0 or n_jobs)  -- or wake a worker
 end
 return n_jobs

@@ -62,10 +62,13 @@ end
 
 -- The bucket gets its lifetime from the call that creates one of its fields (the first
 -- write to a bucket always does), so most calls skip the EXPIRE.
+-- Metrics are bookkeeping: a bucket key of the wrong type (written over by hand) is passed
+-- over, never failing the call (a fetch or finish would be left half applied: leases
+-- granted that no worker is told of, outcomes written that their worker sends again).
 local function write_tally(tally, bucket, ttl)
   local created = false
   local function add(field, by)
-    if tonumber(redis.call('ZINCRBY', bucket, by, field)) == by then created = true end
+    if tonumber(redis.pcall('ZINCRBY', bucket, by, field)) == by then created = true end
   end
   for task, c in pairs(tally.counts) do
     for what, by in pairs(c) do add(task .. '|' .. what, by) end
@@ -77,8 +80,8 @@ local function write_tally(tally, bucket, ttl)
     for bin, by in pairs(bins) do add(task .. '|r|' .. bin, by) end
   end
   for task, sums in pairs(tally.sums) do
-    redis.call('ZINCRBY', bucket, string.format('%.6f', sums.w), task .. '|wsum')
-    redis.call('ZINCRBY', bucket, string.format('%.6f', sums.r), task .. '|rsum')
+    redis.pcall('ZINCRBY', bucket, string.format('%.6f', sums.w), task .. '|wsum')
+    redis.pcall('ZINCRBY', bucket, string.format('%.6f', sums.r), task .. '|rsum')
   end
   if created then redis.call('EXPIRE', bucket, ttl) end
 end
