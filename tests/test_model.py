@@ -121,6 +121,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.pending: list[str] = []  # workflow nodes that ended, not yet handed over
         self.traces: dict[str, str] = {}  # short id -> trace id of its enqueue ('' untraced)
         self.waiter: tuple[int, float] | None = None  # slots offered, when it lapses (ms)
+        self.overwritten: list[str] = []  # keys a hand edit wrote a string over
 
     def teardown(self) -> None:
         self.app.close()
@@ -223,6 +224,23 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(ms=st.sampled_from([10, 400, 1100, 3500]))
     def advance_time(self, ms: int) -> None:
         self.now += ms
+
+    @rule(repair=st.booleans())
+    def overwrite_bookkeeping(self, repair: bool) -> None:
+        """A hand edit writes a string over the queue's wake key and the metric buckets of
+        now and the next minute (or the edit is repaired): every step goes on as the model
+        says, passing over the bookkeeping it cannot write."""
+        if repair:
+            if self.overwritten:
+                self.app.redis.delete(*self.overwritten)
+            self.overwritten = []
+            return
+        width = self.limits.bucket_seconds
+        start = int(self.now / 1000 // width * width)
+        self.overwritten = [self.k.wake, *(f"{self.k.metrics_prefix}{start + i * width}"
+                                          for i in range(60 // width + 1))]
+        for key in self.overwritten:
+            self.app.redis.set(key, "written over by hand")
 
     @rule(cap=st.sampled_from([None, None, 1, 2, 4]),
           tenant_cap=st.sampled_from([None, None, 1, 2]),

@@ -252,10 +252,14 @@ class Conveyor:
         self.redis.set(self.keys(queue).paused, 1)
 
     def resume(self, queue: str) -> None:
-        """Hand out jobs of ``queue`` again, and wake its idle workers."""
+        """Hand out jobs of ``queue`` again, and wake its idle workers (a wake key of the
+        wrong type wakes nobody: idle workers also look for work after each quiet spell)."""
         k = self.keys(queue)
         with self.redis.pipeline(transaction=False) as pipe:
-            pipe.delete(k.paused).lpush(k.wake, b"1").ltrim(k.wake, 0, 0).execute()
+            pipe.delete(k.paused).lpush(k.wake, b"1").ltrim(k.wake, 0, 0)
+            resumed = pipe.execute(raise_on_error=False)[0]
+        if isinstance(resumed, Exception):
+            raise resumed
 
     def is_paused(self, queue: str) -> bool:
         return bool(self.redis.exists(self.keys(queue).paused))
