@@ -9,20 +9,6 @@ local function new_lease_batch()
     token_base = 0, tokens_left = 0 }
 end
 
--- Whether a field that must be a number, if present, is one (finite; `positive`: > 0).
-local function number_or_absent(value, positive)
-  if not value then return true end
-  local x = tonumber(value)
-  return x ~= nil and finite(x) and (not positive or x > 0)
-end
-
--- Whether an optional priority is an integer 0-9 (record_problem's rule).
-local function priority_or_absent(value)
-  if not value then return true end
-  local p = tonumber(value)
-  return p ~= nil and p == math.floor(p) and p >= 0 and p <= 9
-end
-
 -- Lease one ready job: a fresh token, the record active, its deadline, and its fields in
 -- the reply. `f` holds the record's fields as lease_ready reads them.
 local function grant(k, acc, now, want, nonce, id, key, f)
@@ -48,16 +34,13 @@ local function grant(k, acc, now, want, nonce, id, key, f)
 end
 
 -- Lease a popped id whose record is a ready job that record_problem would find nothing
--- wrong with, reading only the fields a lease needs, into no table of names: the path of
--- almost every job. Anything else (another state, a bad field, no record) returns false,
--- for the careful path that reads the record whole.
+-- wrong with (runnable_fields, the same rules), reading only the fields a lease needs,
+-- into no table of names: the path of almost every job. Anything else (another state, a
+-- bad field, no record) returns false, for the careful path that reads the record whole.
 local function lease_ready(k, acc, now, want, nonce, id, key)
   local f = redis.call('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'e',
     'run_at', 'a')
-  if f[1] ~= 'ready' or not priority_or_absent(f[2]) or not number_or_absent(f[3])
-      or not number_or_absent(f[4]) or not number_or_absent(f[5], true) then
-    return false
-  end
+  if f[1] ~= 'ready' or not runnable_fields(f[2], f[3], f[4], f[5]) then return false end
   acc.popped_ready = acc.popped_ready + 1
   grant(k, acc, now, want, nonce, id, key, f)
   return true
@@ -84,8 +67,8 @@ local function lease_taker(k, cfg, tally, out, now, want, nonce, acc)
       return false
     end
     if r.state ~= 'ready' then return false end
-    -- A ready record without a problem: lease_ready has taken it already, unless its
-    -- checks and record_problem's ever part; then it is leased here rather than dropped.
+    -- A ready record without a problem: lease_ready, checking by the same rules, has
+    -- taken it already; should that ever change, it is leased here rather than dropped.
     grant(k, acc, now, want, nonce, id, key, { r.state, r.priority, r.attempts,
       r.max_attempts, r.vt, r.task, r.tenant, r.enqueued_ms, r.run_at, r.args })
     return true

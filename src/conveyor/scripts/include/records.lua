@@ -13,24 +13,44 @@ local function quoted(value)
   return "'" .. string.sub(tostring(value), 1, 40) .. "'"
 end
 
+-- Whether a field that must be a number, if present (not nil or false), is one: finite,
+-- and with `positive` above 0.
+local function number_or_absent(value, positive)
+  if not value then return true end
+  local x = tonumber(value)
+  return x ~= nil and finite(x) and (not positive or x > 0)
+end
+
+-- Whether an optional priority is an integer 0-9.
+local function priority_or_absent(value)
+  if not value then return true end
+  local p = tonumber(value)
+  return p ~= nil and p == math.floor(p) and p >= 0 and p <= 9
+end
+
+-- Whether the fields a worker needs parse (priority, attempts, max attempts, visibility
+-- timeout): the rules of record_problem, for a caller that has the bare values.
+local function runnable_fields(priority, attempts, max_attempts, vt)
+  return priority_or_absent(priority) and number_or_absent(attempts)
+    and number_or_absent(max_attempts) and number_or_absent(vt, true)
+end
+
 -- The first problem found with the fields a worker needs, or nil. Absent fields are fine
 -- (readers use defaults); present ones must parse.
 local function record_problem(r)
   if r.state and not JOB_STATES[r.state] then
     return "corrupt record: field 'state' is not a job state: " .. quoted(r.state)
   end
-  local p = r.priority and tonumber(r.priority)
-  if r.priority and (not p or p ~= math.floor(p) or p < 0 or p > 9) then
+  if not priority_or_absent(r.priority) then
     return "corrupt record: field 'priority' is not an integer 0-9: " .. quoted(r.priority)
   end
-  if r.attempts and not (tonumber(r.attempts) and finite(tonumber(r.attempts))) then
+  if not number_or_absent(r.attempts) then
     return "corrupt record: field 'attempts' is not an integer: " .. quoted(r.attempts)
   end
-  if r.max_attempts and not (tonumber(r.max_attempts) and finite(tonumber(r.max_attempts))) then
+  if not number_or_absent(r.max_attempts) then
     return "corrupt record: field 'max_attempts' is not an integer: " .. quoted(r.max_attempts)
   end
-  local vt = r.vt and tonumber(r.vt)
-  if r.vt and (not vt or not finite(vt) or vt <= 0) then
+  if not number_or_absent(r.vt, true) then
     return "corrupt record: field 'vt' is not a positive number: " .. quoted(r.vt)
   end
   return nil
