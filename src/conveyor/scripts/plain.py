@@ -64,6 +64,7 @@ EXPIRE_EVERY_S = 1.0
 COUNT_EVERY_S = 0.05
 _TRACE_DIGITS = frozenset("0123456789abcdefABCDEF")
 HSET_AT, RPUSH_AT = 0, 1  # places in EXEC's reply of the record's write and the listing
+UNDO_REPLIES = 3  # replies to Packed.undo's commands
 WARN_EVERY_S = 60.0  # a bookkeeping error is logged at most this often (per error text)
 # An asyncio read_response given this timeout arms no timer of its own (redis-py >= 8; an
 # older one arms one that never fires): the caller's deadline bounds it instead.
@@ -152,7 +153,8 @@ class Packed(NamedTuple):
     def undo(self) -> bytes:
         """What takes back the writes of a MULTI whose job the inbox refused: the record,
         the ready count and the enqueued metric (the last two fail harmlessly where their
-        own key was what refused, or where the MULTI's increment did not run)."""
+        own key was what refused, or where the MULTI's increment did not run); as many
+        commands as :data:`UNDO_REPLIES`."""
         shape = self.shape
         return (_command("DEL", shape.job_prefix + self.short_id)
                 + _command("HINCRBY", shape.counts, "ready", -1)
@@ -160,13 +162,12 @@ class Packed(NamedTuple):
 
 
 class NotStored(Exception):
-    """A plain MULTI whose job the inbox refused: ``error`` is Redis's, to raise once
-    ``packed.undo()`` has run."""
+    """A plain MULTI whose job the inbox refused: ``error`` is Redis's, to raise once the
+    MULTI's :meth:`Packed.undo` has run."""
 
-    def __init__(self, error: ResponseError, packed: Packed) -> None:
+    def __init__(self, error: ResponseError) -> None:
         super().__init__(str(error))
         self.error = error
-        self.packed = packed
 
 
 _MULTI = _command("MULTI")
@@ -251,7 +252,7 @@ class PlainEnqueue:
         :raises NotStored: the inbox refused the job (take its writes back, then raise)
         """
         if isinstance(replies[RPUSH_AT], ResponseError):
-            raise NotStored(replies[RPUSH_AT], packed)
+            raise NotStored(replies[RPUSH_AT])
         if isinstance(replies[HSET_AT], ResponseError):
             # The new id's key holds something else: nothing of this call's to take back.
             raise replies[HSET_AT]
@@ -436,7 +437,7 @@ def _check(plain: PlainEnqueue, pool: Any, packed: Packed, replies: list[Any]) -
         conn = pool.get_connection()
         try:
             conn.send_packed_command([packed.undo()])
-            for _ in range(3):
+            for _ in range(UNDO_REPLIES):
                 with contextlib.suppress(ResponseError):
                     conn.read_response()
         except BROKEN as exc:
@@ -520,7 +521,7 @@ async def _acheck(plain: PlainEnqueue, pool: Any, packed: Packed, replies: list[
         conn = await pool.get_connection()
         try:
             await conn.send_packed_command([packed.undo()])
-            for _ in range(3):
+            for _ in range(UNDO_REPLIES):
                 with contextlib.suppress(ResponseError):
                     await conn.read_response()
         except BROKEN as exc:
