@@ -22,6 +22,7 @@
 --          (or, when 'active', marked for cancelling) only if that state was scheduled,
 --          retrying, ready or active
 --@include clock
+--@include counter
 --@include finish
 
 local job_prefix, delayed, counts, dedupe_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -48,7 +49,7 @@ if state == 'active' then
 elseif state == 'scheduled' or state == 'retrying' then
   redis.call('ZREM', delayed, id)
 elseif state == 'ready' then
-  redis.call('HINCRBY', counts, 'ready', -1)
+  add_count(counts, 'ready', -1)
 else
   return state
 end

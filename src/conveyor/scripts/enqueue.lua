@@ -54,6 +54,7 @@
 --@include clock
 --@include job_record
 --@include ready
+--@include counter
 --@include metrics
 --@include keyed
 --@include enqueue_checks
@@ -127,11 +128,11 @@ if n_jobs > 0 then
   if scheduled then
     for _, id in ipairs(ids) do redis.call('ZADD', delayed, due, id) end
   else
-    redis.call('HINCRBY', counts, 'ready', n_jobs)
+    add_count(counts, 'ready', n_jobs)
     local listed, refused = pcall(push_ready_many, ready_prefix, ring_prefix, priorities, ids,
       ARGV[8], tenant)
     if not listed then
-      redis.call('HINCRBY', counts, 'ready', -n_jobs)
+      add_count(counts, 'ready', -n_jobs)
       return redis.error_reply(type(refused) == 'table' and refused.err or tostring(refused))
     end
   end

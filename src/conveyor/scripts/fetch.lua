@@ -56,6 +56,7 @@
 --@include flow_claim
 --@include lease
 --@include handoff
+--@include key_types
 
 local k = { job_prefix = KEYS[1], ready_prefix = KEYS[2], ring_prefix = KEYS[3],
   priorities = KEYS[4], delayed = KEYS[5], leases = KEYS[6], dead = KEYS[7],
@@ -72,6 +73,18 @@ if not want or want < 0 or not cfg.dead_cap or not cfg.events_maxlen
     .. 'bucket_ttl must be numbers')
 end
 if not nonce or nonce == '' then return redis.error_reply('ERR fetch: nonce must be set') end
+local wrong = wrong_key_type('fetch', { k.priorities, 'zset', k.delayed, 'zset',
+  k.leases, 'zset', k.dead, 'zset', k.counts, 'hash', k.active, 'hash', k.seq, 'string',
+  k.events, 'stream', k.limits, 'hash', k.buckets, 'hash', k.running, 'hash',
+  k.parked, 'zset' })
+if wrong then return redis.error_reply(wrong) end
+-- The token counter is first incremented after a job is popped: one that is no integer
+-- would fail the fetch there, with that job off its ready list and in no lease.
+local seq = redis.call('GET', k.seq)
+if seq and not string.match(seq, '^%-?%d+$') then
+  return redis.error_reply('ERR fetch: key ' .. k.seq .. ' holds ' .. quoted(seq)
+    .. ', not an integer (written over by hand?); nothing was changed')
+end
 
 local now = now_ms(ARGV[1])
 local tally = new_tally()

@@ -44,6 +44,7 @@
 --@include ready
 --@include settle
 --@include flow
+--@include key_types
 
 local job_prefix, leases, delayed, dead, active = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local idle, dedupe_prefix, events, metrics_prefix, wake = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
@@ -60,6 +61,11 @@ if not (retention and dead_cap and events_maxlen and bucket_seconds and bucket_t
 end
 local unknown = unknown_outcome(ARGV, FIRST, FIELDS, n)
 if unknown then return redis.error_reply('ERR finish: unknown outcome ' .. unknown) end
+local wrong = wrong_key_type('finish', { leases, 'zset', delayed, 'zset', dead, 'zset',
+  active, 'hash', idle, 'hash', events, 'stream', flow_keys.counts, 'hash',
+  flow_keys.running, 'hash', flow_keys.parked, 'zset', flow_keys.limits, 'hash',
+  flow_keys.priorities, 'zset', handover_key(job_prefix), 'list' })
+if wrong then return redis.error_reply(wrong) end
 
 local now = now_ms(ARGV[1])
 local now_s = seconds(now)

@@ -23,9 +23,10 @@ if worker == '' or not slots or slots < 1 or not ttl_ms or ttl_ms <= 0
     .. 'and ttl_ms > 0')
 end
 local now = now_ms(ARGV[1])
-for _, lapsed in ipairs(redis.call('ZRANGE', k.waiters, '-inf', string.format('%.3f', now),
-    'BYSCORE', 'LIMIT', 0, 100)) do
-  drop_waiter(k, lapsed)
-end
+-- A waiters key of the wrong type registers nobody (see drop_waiter): the worker waits for
+-- its wake-ups as it would without hand-offs.
+local lapsed = redis.pcall('ZRANGE', k.waiters, '-inf', string.format('%.3f', now),
+  'BYSCORE', 'LIMIT', 0, 100)
+for _, worker_id in ipairs(lapsed.err and {} or lapsed) do drop_waiter(k, worker_id) end
 offer_slots(k, worker, math.floor(slots), nonce, now, ttl_ms)
 return string.format('%.3f', now)

@@ -22,6 +22,7 @@
 --@include ready
 --@include finish
 --@include flow
+--@include key_types
 
 local job_prefix, ready_prefix, ring_prefix, priorities = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local leases, counts, active, wake = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -31,6 +32,10 @@ local n = tonumber(ARGV[1])
 if not n or #ARGV ~= 1 + n * 3 then
   return redis.error_reply('ERR release: expected ' .. tostring(n) .. ' jobs of 3 fields')
 end
+local wrong = wrong_key_type('release', { priorities, 'zset', leases, 'zset', counts, 'hash',
+  active, 'hash', flow_keys.running, 'hash', flow_keys.parked, 'zset', flow_keys.limits,
+  'hash' })
+if wrong then return redis.error_reply(wrong) end
 
 local released, by_tenant = 0, {}
 for i = 0, n - 1 do
@@ -44,7 +49,7 @@ for i = 0, n - 1 do
       'attempts', math.max(0, (tonumber(f[4]) or 1) - 1))
     if reason ~= '' then
       redis.call('HSET', key, 'error', reason)
-      redis.call('HINCRBY', key, 'interruptions', 1)
+      add_count(key, 'interruptions', 1)
     end
     redis.call('ZREM', leases, id)
     release_active(active, f[3] or '')

@@ -35,6 +35,7 @@
 --@include ready
 --@include metrics
 --@include workflow
+--@include key_types
 
 local k = { job_prefix = KEYS[1], ready_prefix = KEYS[2], ring_prefix = KEYS[3],
   priorities = KEYS[4], delayed = KEYS[5], counts = KEYS[6], wake = KEYS[7],
@@ -73,6 +74,9 @@ for i = 0, n - 1 do
     return invalid('node ' .. i .. ": run_if must be 'succeeded' or 'finished'")
   end
 end
+local wrong = wrong_key_type('workflow_enqueue', { k.priorities, 'zset', k.delayed, 'zset',
+  k.counts, 'hash', k.handover, 'list' })
+if wrong then return redis.error_reply(wrong) end
 
 local now = now_ms(ARGV[1])
 local now_s = seconds(now)

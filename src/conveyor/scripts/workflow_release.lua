@@ -23,6 +23,7 @@
 --@include clock
 --@include ready
 --@include workflow
+--@include key_types
 
 local k = { job_prefix = KEYS[1], ready_prefix = KEYS[2], ring_prefix = KEYS[3],
   priorities = KEYS[4], delayed = KEYS[5], counts = KEYS[6], wake = KEYS[7],
@@ -38,6 +39,9 @@ for i = 0, n - 1 do
     return redis.error_reply('ERR workflow_release: hand-over ' .. i .. ' names no node')
   end
 end
+local wrong = wrong_key_type('workflow_release', { k.priorities, 'zset', k.delayed, 'zset',
+  k.counts, 'hash', k.handover, 'list' })
+if wrong then return redis.error_reply(wrong) end
 
 local now = now_ms(ARGV[1])
 local released, cancelled, ready, scheduled = 0, 0, 0, 0

@@ -1,11 +1,12 @@
 -- What every terminal transition shares: release the lease and the active slot, record
 -- when the type last finished, free the dedupe key, and stream the record to the sink.
 --@include job_record
+--@include counter
 
 -- Returns true when the count would have gone below zero (it is kept at 0): the record's
 -- task is not the one counted when the job was leased (a record changed by hand).
 local function release_active(active, task, finished)
-  if redis.call('HINCRBY', active, task, -(finished or 1)) < 0 then
+  if add_count(active, task, -(finished or 1)) < 0 then
     redis.call('HSET', active, task, 0)
     return true
   end

@@ -15,6 +15,7 @@
 -- bucket has a token again (parked entries that come due are put back by every fetch).
 -- While parked its ready list is non-empty, so nothing else puts it in the ring.
 --@include ready
+--@include counter
 
 local FLOW_RECHECK_MS = 30000  -- a tenant parked at its cap is looked at again after this
 
@@ -116,14 +117,6 @@ local function flow_unpark_all(k)
     if #batch == 0 then return end
     flow_unpark_members(k, batch)
   end
-end
-
--- HINCRBY that survives a mangled field (not an integer): it starts again from 0 rather
--- than fail the script after its first writes.
-local function add_count(hash, field, by)
-  local value = redis.call('HGET', hash, field)
-  if value and not string.match(value, '^%-?%d+$') then redis.call('HSET', hash, field, 0) end
-  return redis.call('HINCRBY', hash, field, by)
 end
 
 -- Count runs that began: n runs, by_tenant = { tenant -> runs }.

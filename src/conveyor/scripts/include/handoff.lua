@@ -10,15 +10,20 @@
 -- them without a further round trip. A registration serves one enqueue. A job handed to a
 -- worker that died meanwhile is leased like any other, so lease expiry brings it back.
 --@include ready
+--@include key_types
+--@include counter
 
+-- Registrations are bookkeeping, as the wake key is: a waiters or offers key of the wrong
+-- type is passed over, never failing the call (the worker is then handed nothing and
+-- finds its jobs when woken; a registration without its offer is dropped when read).
 local function drop_waiter(k, worker)
-  redis.call('ZREM', k.waiters, worker)
-  redis.call('HDEL', k.waiter_offers, worker)
+  redis.pcall('ZREM', k.waiters, worker)
+  redis.pcall('HDEL', k.waiter_offers, worker)
 end
 
 local function offer_slots(k, worker, slots, nonce, now, ttl_ms)
-  redis.call('ZADD', k.waiters, now + ttl_ms, worker)
-  redis.call('HSET', k.waiter_offers, worker, slots .. ':' .. nonce)
+  redis.pcall('ZADD', k.waiters, now + ttl_ms, worker)
+  redis.pcall('HSET', k.waiter_offers, worker, slots .. ':' .. nonce)
 end
 
 -- A worker's registration after its fetch: the slots it offered are being filled, so it
@@ -33,14 +38,15 @@ local function renew_waiter(k, worker, slots, nonce, now, ttl_ms)
 end
 
 -- The live waiter registered last (the likeliest still to be there), as { worker, slots,
--- nonce }; one whose offer is missing or mangled is removed and skipped. A waiters key of
--- the wrong type reads as no waiter (the enqueue then wakes a worker instead).
+-- nonce }; one whose offer is missing or mangled is removed and skipped. A waiters or
+-- offers key of the wrong type reads as no waiter (the enqueue then wakes a worker).
 local function live_waiter(k, now)
   for _ = 1, 3 do
     local found = redis.pcall('ZRANGE', k.waiters, '+inf', string.format('(%.3f', now),
       'BYSCORE', 'REV', 'LIMIT', 0, 1)
     if found.err or #found == 0 then return nil end
-    local offer = redis.call('HGET', k.waiter_offers, found[1])
+    local offer = redis.pcall('HGET', k.waiter_offers, found[1])
+    if type(offer) == 'table' and offer.err then return nil end
     local slots, nonce = string.match(offer or '', '^(%d+):(%x+)$')
     slots = tonumber(slots)
     if slots and slots > 0 and slots <= 100000 then
@@ -95,10 +101,24 @@ local function hand_off_builder()
       local list = k.handoff_prefix .. w.worker
       redis.call('RPUSH', list, handoff_entry(now, out, acc.jobs))
       redis.call('PEXPIRE', list, HANDOFF_TTL_MS)
-      if taken > 0 then redis.call('HINCRBY', k.counts, 'handed', taken) end
+      if taken > 0 then add_count(k.counts, 'handed', taken) end
     end
     return taken, lim
   end
+end
+
+-- Whether a key the hand-off to waiter w would write holds the wrong type (key_types.lua),
+-- or the token counter is no integer: the hand-off would stop half way, after the enqueue
+-- stored its jobs, and fail the call (whose caller would store them again). The jobs stay
+-- ready, and a worker is woken for them instead.
+local function hand_off_refused(k, w)
+  if wrong_key_type('enqueue', { k.leases, 'zset', k.dead, 'zset', k.active, 'hash',
+      k.seq, 'string', k.events, 'stream', k.limits, 'hash', k.buckets, 'hash',
+      k.running, 'hash', k.parked, 'zset', k.handoff_prefix .. w.worker, 'list' }) then
+    return true
+  end
+  local seq = redis.call('GET', k.seq)
+  return seq ~= false and not string.match(seq, '^%-?%d+$')
 end
 
 -- After an enqueue made `n_ready` jobs ready: hand up to that many to a live waiter of the
@@ -107,7 +127,7 @@ end
 -- also woken when ready jobs remain after the hand-off. Returns the number handed over.
 local function hand_off_or_wake(k, cfg, now, n_ready)
   local w = n_ready > 0 and live_waiter(k, now)
-  if not w or redis.call('EXISTS', k.paused) == 1 then
+  if not w or redis.call('EXISTS', k.paused) == 1 or hand_off_refused(k, w) then
     wake_one(k.wake)
     return 0
   end

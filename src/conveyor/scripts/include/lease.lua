@@ -1,6 +1,7 @@
 -- Leasing popped ids, for fetch: each lease gets a fresh fencing token (the queue's counter,
 -- taken a range at a time, joined with the call's nonce); counts are written once per call.
 --@include job_record
+--@include counter
 --@include metrics
 --@include records
 
@@ -77,12 +78,12 @@ end
 
 -- Write what a batch of leases changes: ready count, lease deadlines, active per task.
 local function record_leases(k, tally, acc)
-  if acc.popped_ready > 0 then redis.call('HINCRBY', k.counts, 'ready', -acc.popped_ready) end
+  if acc.popped_ready > 0 then add_count(k.counts, 'ready', -acc.popped_ready) end
   for i = 1, #acc.leases, 500 do
     redis.call('ZADD', k.leases, unpack(acc.leases, i, math.min(i + 499, #acc.leases)))
   end
   for task, n in pairs(acc.active) do
-    redis.call('HINCRBY', k.active, task, n)
+    add_count(k.active, task, n)
     count(tally, task, 'started', n)
   end
 end

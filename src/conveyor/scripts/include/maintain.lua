@@ -1,6 +1,7 @@
 -- Housekeeping that every fetch does first, so no separate reaper or scheduler is needed:
 -- promote delayed jobs that have come due, and reclaim leases whose deadline has passed.
 --@include job_record
+--@include counter
 --@include clock
 --@include finish
 --@include flow
@@ -32,7 +33,7 @@ local function promote_due(k, now, limit, cfg, tally, out)
       promoted = promoted + 1
     end
   end
-  if promoted > 0 then redis.call('HINCRBY', k.counts, 'ready', promoted) end
+  if promoted > 0 then add_count(k.counts, 'ready', promoted) end
   return promoted
 end
 
@@ -119,7 +120,7 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
         redis.call('HSET', key, 's', 'ready', 'token', '', 'error', err)
         push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, r.priority or '5',
           r.tenant or '', true)
-        redis.call('HINCRBY', k.counts, 'ready', 1)
+        add_count(k.counts, 'ready', 1)
         count(tally, r.task, 'retried', 1)
       end
     elseif r.state == nil and redis.call('EXISTS', key) == 0 then

@@ -9,6 +9,7 @@
 -- their priority's list; while the inbox is not empty, jobs without a tenant that join the
 -- back of a list go to the inbox too, so the order within a priority stays the enqueue order.
 --@include job_record
+--@include counter
 
 local INBOX_SUFFIX = 'in'  -- keep in step with conveyor.keys.QueueKeys.inbox
 local ABSORB_LIMIT = 10000  -- inbox entries moved per call: a huge inbox empties over calls
@@ -150,7 +151,7 @@ end
 -- Count jobs just made ready and wake a worker for them.
 local function made_ready(counts, wake, n)
   if n > 0 then
-    redis.call('HINCRBY', counts, 'ready', n)
+    add_count(counts, 'ready', n)
     wake_one(wake)
   end
 end

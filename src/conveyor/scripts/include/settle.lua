@@ -46,7 +46,7 @@ end
 local function settle_snoozed(key, delayed, id, attempts, started_at, due)
   redis.call('HSET', key, 's', 'scheduled', 'token', '', 'started_at', started_at,
     'run_at', seconds(due), 'attempts', math.max(0, (tonumber(attempts) or 1) - 1))
-  redis.call('HINCRBY', key, 'snoozes', 1)
+  add_count(key, 'snoozes', 1)
   redis.call('ZADD', delayed, due, id)
 end
 
