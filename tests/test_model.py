@@ -44,6 +44,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from redis.exceptions import ResponseError
 
 import conveyor
 from conveyor.scripts import calls, plain
@@ -57,6 +58,11 @@ WAITER_TTL = 2000  # ms: registrations lapse within a few time steps
 WORKER = "w"
 SNOOZE_CAP = 2
 TASKS = ("a", "b")
+# The fixed keys each script checks the type of before its first write (key_types.lua).
+FETCH_CHECKS = ("priorities", "delayed", "leases", "dead", "counts", "active", "seq", "events",
+                "limits", "buckets", "running", "parked")
+FINISH_CHECKS = ("leases", "delayed", "dead", "active", "idle", "events", "counts", "running",
+                 "parked", "limits", "priorities", "handover")
 
 
 @dataclass
@@ -241,6 +247,45 @@ class QueueMachine(RuleBasedStateMachine):
                                           for i in range(60 // width + 1))]
         for key in self.overwritten:
             self.app.redis.set(key, "written over by hand")
+
+    @rule(data=st.data(), call=st.sampled_from(["fetch", "finish"]))
+    def refused_by_a_key_of_the_wrong_type(self, data: st.DataObject, call: str) -> None:
+        """A hand edit writes over one of the queue's fixed keys: a fetch or a finish
+        refuses, naming it, and changes nothing (every key of the queue as it was); with the
+        key put back, the steps go on as the model says."""
+        active = self._active()
+        if call == "finish" and not active:
+            call = "fetch"
+        name = data.draw(st.sampled_from(FETCH_CHECKS if call == "fetch" else FINISH_CHECKS))
+        key = getattr(self.k, name)
+        redis = self.app.redis
+        saved, ttl = redis.dump(key), redis.pttl(key)
+        redis.delete(key)
+        if name == "seq":
+            redis.hset(key, "by", "hand")
+        else:
+            redis.set(key, "written over by hand")
+        before = self._queue_keys()
+        if call == "fetch":
+            attempt: calls.ScriptCall[object] = calls.fetch(  # type: ignore[assignment]
+                self.k, 4, self.limits, now=self.now, worker=WORKER, waiter_ttl_ms=WAITER_TTL)
+        else:
+            short_id = data.draw(st.sampled_from(active))
+            outcome = calls.Outcome(short_id, self.jobs[short_id].tokens[-1], "ok",
+                                    self.now / 1000, b"1")
+            attempt = calls.finish(self.k, [outcome], self.limits,  # type: ignore[assignment]
+                                   now=self.now)
+        with pytest.raises(ResponseError, match=f"{call}: key .* holds a"):
+            self.run(attempt)
+        assert self._queue_keys() == before, f"a refused {call} changed the queue's keys"
+        redis.delete(key)
+        if saved is not None:
+            redis.restore(key, max(ttl, 0), saved)
+
+    def _queue_keys(self) -> dict[bytes, bytes | None]:
+        """Every key of the queue, serialized."""
+        tag = self.k.leases.split("}")[0] + "}"
+        return {key: self.app.redis.dump(key) for key in self.app.redis.scan_iter(f"{tag}*")}
 
     @rule(cap=st.sampled_from([None, None, 1, 2, 4]),
           tenant_cap=st.sampled_from([None, None, 1, 2]),
