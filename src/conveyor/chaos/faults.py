@@ -42,7 +42,7 @@ FAULT_KINDS = {
     "poison-hang": "a job whose sync task sleeps far past its timeout",
     "cancel": "cancel of a delayed job before it is due, and of a work job while it runs",
     "limits": "the queue's cap and tenant cap changed at runtime (or removed)",
-    "overwrite": "the queue's wake key and metric buckets written over with a string",
+    "overwrite": "queue keys (wake key, metric buckets, delayed and dead sets) written over",
 }
 MIN_VICTIM_AGE = 1.5  # seconds: a worker still importing is not worth killing
 
@@ -107,7 +107,7 @@ class Injector:
                  proxy: Any = None,
                  cancel_running: Callable[[], str | None] = lambda: None,
                  limits: LimitsHook | None = None,
-                 overwritten: Callable[[], list[str]] | None = None) -> None:
+                 overwritten: Callable[[bool], list[str]] | None = None) -> None:
         self.target = target
         self.fleet = fleet
         self.rng = rng
@@ -253,20 +253,32 @@ class Injector:
         return f"concurrency {cap}, tenant concurrency {tenant_cap}", 0
 
     def _overwrite(self) -> tuple[str, int] | None:
-        """Keys of the queue written over by hand (a string where a list or sorted set
-        belongs) for a while, then deleted: enqueues, fetches and finishes go on, passing
-        over the bookkeeping they cannot write; idle workers' waits for a marker fail and
-        are retried, and they find work by looking."""
+        """Keys of the queue written over by hand (a string where a list, a sorted set or
+        a hash belongs) for a while, then put back as they were: enqueues pass over the
+        bookkeeping they cannot write and store their jobs once or not at all; fetches and
+        finishes refuse, having changed nothing, and their workers try again; idle workers'
+        waits for a marker fail and are retried, and they find work by looking. Each key is
+        saved and written over in one transaction, so no write falls between the two."""
         assert self.overwritten_hook is not None
         client = self._admin()
         try:
-            keys = self.overwritten_hook()
-            for key in keys:
-                client.set(key, "written over by hand")
+            keys = self.overwritten_hook(self.rng.random() < 0.5)  # the sets, one time in two
+            with client.pipeline(transaction=True) as pipe:
+                for key in keys:
+                    pipe.dump(key)
+                    pipe.pttl(key)
+                    pipe.set(key, "written over by hand")
+                replies = pipe.execute()
+            saved = [(key, replies[3 * i], replies[3 * i + 1]) for i, key in enumerate(keys)]
             try:
                 seconds = self._hold(1.0, 3.0)
             finally:
-                client.delete(*keys)
+                with client.pipeline(transaction=True) as pipe:
+                    for key, value, ttl in saved:
+                        pipe.delete(key)
+                        if value is not None:
+                            pipe.restore(key, max(ttl, 0), value)
+                    pipe.execute()
         finally:
             client.close()
         return f"{len(keys)} keys for {seconds:g} s", 0

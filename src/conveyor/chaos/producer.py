@@ -136,15 +136,20 @@ class Producer:
         self._keep(kind, label, job)
         return label
 
-    def overwritten_keys(self) -> list[str]:
-        """The queue's keys that a hand edit may write over without losing a job: its wake
-        marker and its current and next metric buckets (bookkeeping that every call passes
-        over when it has the wrong type)."""
+    def overwritten_keys(self, sets: bool) -> list[str]:
+        """The queue's keys that a hand edit may write over, for a while, without losing a
+        job: its wake marker and its current and next metric buckets (bookkeeping that
+        every call passes over when it has the wrong type), and its delayed and dead sets
+        (every call that writes them refuses, having changed nothing, or passes over them:
+        put back, they are as they were) when ``sets``."""
         app = self.tasks.app
         k = app.keys(QUEUE)
         width = app.limits.bucket_seconds
         start = int(server_now(app.redis) // width * width)
-        return [k.wake, f"{k.metrics_prefix}{start}", f"{k.metrics_prefix}{start + width}"]
+        keys = [k.wake, f"{k.metrics_prefix}{start}", f"{k.metrics_prefix}{start + width}"]
+        if sets:
+            keys += [k.delayed, k.dead]
+        return keys
 
     def change_limits(self, cap: int | None, tenant_cap: int | None) -> bool:
         """Set the queue's cap and every tenant's (None: no limit); False if Redis refused."""
