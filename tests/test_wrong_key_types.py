@@ -267,3 +267,37 @@ def test_a_workflow_meeting_a_key_of_the_wrong_type_is_stored_whole_or_not_at_al
     two_steps().enqueue()
     fetched = app.scripts.run(calls.fetch(k, 10, app.limits))
     assert [j.task for j in fetched.jobs] == ["wf.step"]  # the first; the second waits
+
+
+# -- a worker ------------------------------------------------------------------------------
+
+
+def test_a_worker_names_a_key_written_over_and_serves_its_other_queues(
+    app: conveyor.Conveyor, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One queue's wake key and delayed set written over: the worker's wait for markers
+    and its look for work fail, naming both keys (Redis's own error names none), and it
+    goes on serving the other queue, and the first once the keys are put back."""
+    from helpers import running_worker, wait_until
+
+    @app.task(name="wk.double", queue="other")
+    def double(x: int) -> int:
+        return 2 * x
+
+    @app.task(name="wk.triple", queue="mangled")
+    def triple(x: int) -> int:
+        return 3 * x
+
+    mangled = app.keys("mangled")
+    caplog.set_level("WARNING", logger="conveyor.worker")
+    with _written_over(app, mangled.wake), _written_over(app, mangled.delayed), \
+            running_worker(app, queues=["mangled", "other"], concurrency=2):
+        assert double.enqueue(21).result(timeout=10) == 42
+        named = (f"key {mangled.wake} holds a string where a list belongs: written over",
+                 f"key {mangled.delayed} holds a string where a zset belongs: written over")
+        wait_until(lambda: all(text in caplog.text for text in named), 10,
+                   message="the wake listener naming both keys")
+        stuck = triple.enqueue(1)
+    # Put back: the job enqueued meanwhile runs (its wake-up marker was refused).
+    with running_worker(app, queues=["mangled", "other"], concurrency=2):
+        assert stuck.result(timeout=30) == 3

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,9 @@ class Worker:
         self.nudge: asyncio.Event | None = None
         self._more: dict[str, bool] = {}
         self._held_back: dict[str, bool] = {}  # a limit held ready jobs at the last fetch
+        # Queues whose last fetch failed: consecutive failures, and when (monotonic) to try
+        # again; the other queues are served meanwhile.
+        self._fetch_failures: dict[str, tuple[int, float]] = {}
         self._wakes = 0  # wake-ups seen so far (one that arrives during a fetch is kept)
         self.next_due: dict[str, float | None] = {}
         self._rotation = 0
@@ -207,21 +211,9 @@ class Worker:
 
     async def _consume(self, runner: Any, burst: bool) -> None:
         assert self.nudge is not None
-        failures = 0
         while not self._stopping:
             self.nudge.clear()
-            try:
-                took = await self._fill(runner)
-                failures = 0
-            except REDIS_ERRORS as exc:
-                # Unreachable, or refused (out of memory, say): keep serving the jobs in hand
-                # and try again, rather than exit and leave them to expire.
-                failures += 1
-                pause = pause_after(failures)
-                log.warning("could not fetch jobs (%s: %s); retrying in %.2f s",
-                            type(exc).__name__, exc, pause)
-                await asyncio.sleep(pause)
-                continue
+            took = await self._fill(runner)
             if took:
                 continue
             if burst and not self.held and not any(self._more.values()) \
@@ -240,12 +232,18 @@ class Worker:
             if free <= 0 or self._stopping:
                 break
             queue = self.queues[(self._rotation + i) % n]
-            if not self._more[queue] and not self._is_due(queue):
+            if (not self._more[queue] and not self._is_due(queue)) or self._backing_off(queue):
                 continue
             wakes = self._wakes
-            fetched = await runner.run(calls.fetch(
-                self.app.keys(queue), free, self.app.limits,
-                worker=self.id if self.waiting.enabled else "", waiter_ttl_ms=WAITER_TTL_MS))
+            try:
+                fetched = await runner.run(calls.fetch(
+                    self.app.keys(queue), free, self.app.limits,
+                    worker=self.id if self.waiting.enabled else "",
+                    waiter_ttl_ms=WAITER_TTL_MS))
+            except REDIS_ERRORS as exc:
+                self._fetch_failed(queue, exc)
+                continue
+            self._fetch_failures.pop(queue, None)
             self.waiting.offered(queue, fetched.offered)
             self.clock.observe(fetched.now_ms)
             self.next_due[queue] = fetched.next_due_ms
@@ -262,6 +260,23 @@ class Worker:
             took = took or bool(fetched.jobs)
         self._rotation = (self._rotation + 1) % n
         return took
+
+    def _fetch_failed(self, queue: str, exc: BaseException) -> None:
+        """A fetch from ``queue`` failed: Redis unreachable, or refusing (out of memory, a
+        key of this queue written over by hand). The worker keeps serving the jobs in hand
+        and its other queues, and tries this one again after a pause that grows with each
+        failure in a row (one queue's trouble, a key or a Cluster node of its own, must not
+        stop the others)."""
+        failures = self._fetch_failures.get(queue, (0, 0.0))[0] + 1
+        pause = pause_after(failures)
+        self._fetch_failures[queue] = (failures, time.monotonic() + pause)
+        self._more[queue] = True
+        log.warning("could not fetch jobs from queue %s (%s: %s); retrying it in %.2f s",
+                    queue, type(exc).__name__, exc, pause)
+
+    def _backing_off(self, queue: str) -> bool:
+        failed = self._fetch_failures.get(queue)
+        return failed is not None and time.monotonic() < failed[1]
 
     def take_handed(self, queue: str, handed: calls.Fetched) -> list[calls.Leased]:
         """Start jobs an enqueue handed to this worker; returns those beyond its free slots
@@ -375,6 +390,9 @@ class Worker:
         if self.held and not any(self._more.values()):
             # Busy but the queues looked empty: look again now and then for new work.
             timeout = WAKE_BLOCK_SECONDS if timeout is None else min(timeout, WAKE_BLOCK_SECONDS)
+        if self._fetch_failures and self.free_slots() > 0:  # a failed queue's next try
+            retry = max(0.0, min(t for _, t in self._fetch_failures.values()) - time.monotonic())
+            timeout = retry if timeout is None else min(timeout, retry)
         if not self.nudge.is_set():
             self.idle.set()
         try:

@@ -99,8 +99,14 @@ async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) 
         except REDIS_ERRORS as exc:
             failures += 1
             pause = pause_after(failures)
-            log.log(logging.WARNING if failures > 3 else logging.DEBUG,
-                    "wake listener: %s: %s; retrying in %.2f s", type(exc).__name__, exc, pause)
+            wrong = ""
+            if str(exc).startswith("WRONGTYPE"):  # name the key: Redis's error does not
+                wrong = "".join(f" ({text})" for text in await _mistyped(
+                    client, {**{key: "list" for key in (*wake_keys, *handoffs)},
+                             **_looked_at(worker, queues)}))
+            log.log(logging.WARNING if failures > 3 or wrong else logging.DEBUG,
+                    "wake listener: %s: %s%s; retrying in %.2f s", type(exc).__name__, exc,
+                    wrong, pause)
             await asyncio.sleep(pause)
             worker.wake_all()  # markers may have been missed meanwhile
 
@@ -149,21 +155,52 @@ async def look_for_work(worker: Worker, client: Any, queues: Sequence[str]) -> N
     """After a quiet spell, read each queue's ready backlog, earliest delayed job and
     earliest lease deadline (three commands per queue, pipelined). A wake-up can be lost —
     its worker died or left before acting — and a worker that dies holding jobs wakes
-    nobody: without this, such work would wait for an unrelated enqueue."""
+    nobody: without this, such work would wait for an unrelated enqueue. A key of the wrong
+    type (written over by hand) tells nothing, and the other keys are read all the same;
+    the call then raises, naming it."""
     async with client.pipeline(transaction=False) as pipe:
         for queue in queues:
             k = worker.app.keys(queue)
             pipe.hget(k.counts, "ready")
             pipe.zrange(k.delayed, 0, 0, withscores=True)
             pipe.zrange(k.leases, 0, 0, withscores=True)
-        replies = await pipe.execute()
+        replies = await pipe.execute(raise_on_error=False)
+    refused = None
     for i, queue in enumerate(queues):
         ready, delayed, leases = replies[3 * i: 3 * i + 3]
-        if _number(ready) > 0:
+        refused = next((r for r in (ready, delayed, leases) if isinstance(r, Exception)),
+                       refused)
+        if not isinstance(ready, Exception) and _number(ready) > 0:
             worker.look_again(queue)
         for first in (delayed, leases):
-            if first:
+            if first and not isinstance(first, Exception):
                 worker.due_at(queue, float(first[0][1]))
+    if refused is not None:
+        raise refused
+
+
+def _looked_at(worker: Worker, queues: Sequence[str]) -> dict[str, str]:
+    """The keys :func:`look_for_work` reads, with their types."""
+    out = {}
+    for queue in queues:
+        k = worker.app.keys(queue)
+        out.update({k.counts: "hash", k.delayed: "zset", k.leases: "zset"})
+    return out
+
+
+async def _mistyped(client: Any, expected: dict[str, str]) -> list[str]:
+    """Which of ``expected`` (key -> type) hold another type, each as a phrase naming the
+    key; best effort (nothing when they cannot be read)."""
+    try:
+        async with client.pipeline(transaction=False) as pipe:
+            for key in expected:
+                pipe.type(key)
+            kinds = [_text(kind) for kind in await pipe.execute()]
+    except REDIS_ERRORS:
+        return []
+    return [f"key {key} holds a {kind} where a {want} belongs: written over by hand?"
+            for (key, want), kind in zip(expected.items(), kinds, strict=True)
+            if kind not in ("none", want)]
 
 
 def _number(value: Any) -> float:
