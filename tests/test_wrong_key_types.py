@@ -10,6 +10,7 @@ worker stores it once and wakes a worker instead.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import redis
 import conveyor
 from conveyor.scripts import calls
 from conveyor.worker.handoff import WAITER_TTL_MS
+from helpers import running_worker, wait_until
 
 Q = "q"
 MANGLED = "written over by hand"
@@ -278,8 +280,6 @@ def test_a_worker_names_a_key_written_over_and_serves_its_other_queues(
     """One queue's wake key and delayed set written over: the worker's wait for markers
     and its look for work fail, naming both keys (Redis's own error names none), and it
     goes on serving the other queue, and the first once the keys are put back."""
-    from helpers import running_worker, wait_until
-
     @app.task(name="wk.double", queue="other")
     def double(x: int) -> int:
         return 2 * x
@@ -301,3 +301,31 @@ def test_a_worker_names_a_key_written_over_and_serves_its_other_queues(
     # Put back: the job enqueued meanwhile runs (its wake-up marker was refused).
     with running_worker(app, queues=["mangled", "other"], concurrency=2):
         assert stuck.result(timeout=30) == 3
+
+
+def test_a_queue_whose_lease_set_is_written_over_holds_back_no_other_queue(
+    app: conveyor.Conveyor,
+) -> None:
+    """While one queue's lease set is written over, its heartbeats and finishes are
+    refused; the other queue's must go on: its job's short lease is extended (one attempt,
+    never taken over) and its outcome is recorded."""
+
+    @app.task(name="wk.slow", queue="other", visibility_timeout=0.6)
+    async def slow() -> str:
+        await asyncio.sleep(2.0)
+        return "ok"
+
+    @app.task(name="wk.brief", queue="mangled", visibility_timeout=0.9)
+    async def brief() -> str:
+        await asyncio.sleep(0.5)
+        return "brief"
+
+    with running_worker(app, queues=["mangled", "other"], concurrency=4):
+        first = brief.enqueue()
+        wait_until(lambda: first.info().state == "active", 10, message="the brief job leased")
+        with _written_over(app, app.keys("mangled").leases):
+            job = slow.enqueue()
+            assert job.result(timeout=15) == "ok"
+            assert job.info().attempts == 1  # its lease never lapsed
+            assert first.info().state == "active"  # its outcome waits for the set
+        assert first.result(timeout=20) == "brief"

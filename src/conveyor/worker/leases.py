@@ -21,6 +21,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import redis
+
 from ..scripts import calls
 from .backoff import REDIS_ERRORS, pause_after
 from .executor import Held
@@ -91,8 +93,12 @@ async def _look_for_cancels(jobs: list[Held], client: Any, keys: Callable[[str],
         if not held.cancel_requested:
             by_queue.setdefault(held.queue, []).append(held)
     for queue, held_here in by_queue.items():
-        scores = await client.zmscore(keys(queue).cancelling,
-                                      [h.leased.short_id for h in held_here])
+        try:
+            scores = await client.zmscore(keys(queue).cancelling,
+                                          [h.leased.short_id for h in held_here])
+        except redis.ResponseError as exc:  # this queue's set refused: the beats still go
+            log.debug("could not look for cancels in %s: %s", queue, exc)
+            continue
         for held, score in zip(held_here, scores, strict=True):
             if score is not None:
                 held.next_beat = now
@@ -103,9 +109,16 @@ async def _beat(due: list[Held], runner: Any, keys: Callable[[str], Any], now: f
     by_queue: dict[str, list[Held]] = {}
     for held in due:
         by_queue.setdefault(held.queue, []).append(held)
+    refused: BaseException | None = None
     for queue, jobs in by_queue.items():
         leases = [(h.leased.short_id, h.leased.token, h.leased.visibility_ms) for h in jobs]
-        codes = await runner.run(calls.heartbeat(keys(queue), leases))
+        try:
+            codes = await runner.run(calls.heartbeat(keys(queue), leases))
+        except REDIS_ERRORS as exc:
+            # The other queues' leases are extended all the same (one queue's trouble, a
+            # key written over by hand, must not let them lapse); this one is tried again.
+            refused = refused or exc
+            continue
         lost = []
         for held, lease, code in zip(jobs, leases, codes, strict=True):
             if held.leased.token != lease[1]:
@@ -120,3 +133,5 @@ async def _beat(due: list[Held], runner: Any, keys: Callable[[str], Any], now: f
             log.warning("lost the lease of %d job(s) in %s (another worker took them over;"
                         " their results here will be refused): %s",
                         len(lost), queue, ", ".join(lost[:5]))
+    if refused is not None:
+        raise refused

@@ -3,12 +3,15 @@
 While one flush is on the wire, new outcomes collect for the next, so the batch size
 follows the load without any timer. When Redis is unreachable the outcomes stay here and
 are sent once it is back (their leases may expire meanwhile: then the finish is refused
-and the job runs again elsewhere, at least once, never lost).
+and the job runs again elsewhere, at least once, never lost). Each queue is tried again
+after a back-off of its own: one queue's refusals (a key of its own written over by hand,
+say) do not hold back the outcomes of the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -48,6 +51,8 @@ class Outbox:
         self.alerter = alerter_for(app.alert_webhook)  # dead jobs -> webhook
         self._closed = False
         self._hook_tasks: set[asyncio.Task[None]] = set()
+        # Queues whose last finish failed: failures in a row, and when (loop time) to retry.
+        self._failing: dict[str, tuple[int, float]] = {}
         #: awaited with a queue whose acknowledgements queued workflow hand-overs
         self.on_handover: Callable[[str], Awaitable[None]] | None = None
 
@@ -62,9 +67,8 @@ class Outbox:
         self._ready.set()
 
     async def run(self) -> None:
-        failures = 0
         while not self._closed:
-            await self._ready.wait()
+            await self._wait()
             # Let the outcomes already on their way join this batch: thread completions the
             # loop has been told of (delivered in the loop's next turns) would otherwise wait
             # for the next flush, and small batches cost Redis and this process a script
@@ -72,39 +76,55 @@ class Outbox:
             for _ in range(GATHER_TURNS):
                 await asyncio.sleep(0)
             self._ready.clear()
-            try:
-                await self._flush_once()
-                failures = 0
-            except ERRORS as exc:
-                failures += 1
-                pause = pause_after(failures)
-                log.warning("could not record outcomes (%s); retrying in %.2f s", exc, pause)
-                await asyncio.sleep(pause)
-                self._ready.set()
+            await self._flush_once()
             if not self.pending:
                 self._idle.set()
+
+    async def _wait(self) -> None:
+        """Until outcomes are added, or a queue that failed is due to be tried again."""
+        if not self._failing:
+            await self._ready.wait()
+            return
+        retry = min(at for _, at in self._failing.values())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(),
+                                   max(0.0, retry - asyncio.get_running_loop().time()))
 
     async def _flush_once(self) -> None:
         # Taken before the progress is written: every outcome taken was reported after its
         # run's last progress, so that progress goes out first (after the outcome it would
         # be refused, the job no longer being active).
+        now = asyncio.get_running_loop().time()
         batches = [(queue, batch) for queue in list(self.pending)
-                   if (batch := self.pending.pop(queue, []))]
+                   if self._failing.get(queue, (0, now))[1] <= now
+                   and (batch := self.pending.pop(queue, []))]
         try:
             await self._before_flush({(queue, o.short_id) for queue, batch in batches
                                       for o in batch})
             for i, (queue, batch) in enumerate(batches):
-                done = await self.runner.run(
-                    calls.finish(self.app.keys(queue), batch, self.app.limits)
-                )
+                try:
+                    done = await self.runner.run(
+                        calls.finish(self.app.keys(queue), batch, self.app.limits)
+                    )
+                except ERRORS as exc:
+                    self._failed(queue, exc)
+                    continue  # put back below; the other queues' go on
                 batches[i] = (queue, [])
+                self._failing.pop(queue, None)
                 self._after(queue, batch, done)
                 if done.handed_over and self.on_handover is not None:
                     await self.on_handover(queue)
-        except BaseException:
-            for queue, batch in batches:  # keep order, try again
-                self.pending.setdefault(queue, [])[:0] = batch
-            raise
+        finally:
+            for queue, batch in batches:  # not recorded: keep their order, try again
+                if batch:
+                    self.pending.setdefault(queue, [])[:0] = batch
+
+    def _failed(self, queue: str, exc: BaseException) -> None:
+        failures = self._failing.get(queue, (0, 0.0))[0] + 1
+        pause = pause_after(failures)
+        self._failing[queue] = (failures, asyncio.get_running_loop().time() + pause)
+        log.warning("could not record outcomes in %s (%s); retrying in %.2f s", queue, exc,
+                    pause)
 
     async def _before_flush(self, jobs: set[tuple[str, str]]) -> None:
         if self.before_flush is None or not jobs:
