@@ -88,7 +88,9 @@ def healthy() -> Evidence:
               + _run("kill:1", "r5", pid=101, ok=False))
     counters = Counters(ready_counter=0, ready_listed=0, active={"chaos.work": 0},
                         leased={}, dead_letters=1, dead_records=1)
-    return Evidence(jobs=jobs, ledger=ledger, counters=counters,
+    side = Counters(ready_counter=0, ready_listed=0, active={"chaos.side": 0}, leased={},
+                    dead_letters=0, dead_records=0)
+    return Evidence(jobs=jobs, ledger=ledger, counters={"chaos": counters, "chaos-side": side},
                     faults=[Fault("worker-kill", 1.0, "pid 100", 4)])
 
 
@@ -131,10 +133,17 @@ def test_checker_fails_on_dead_work_overlap_and_counters() -> None:
     ev.jobs[0] = dataclasses.replace(ev.jobs[0], state="dead", error="boom")
     ev.ledger += [LedgerEntry("work:2", "r7", 101, "start"), LedgerEntry("work:2", "r8", 101,
                                                                           "start")]
-    ev.counters = dataclasses.replace(ev.counters, ready_counter=1, active={"chaos.work": 1})
+    ev.counters["chaos"] = dataclasses.replace(ev.counters["chaos"], ready_counter=1,
+                                               active={"chaos.work": 1})
     assert {"only poison jobs end dead", "no job ran twice at once in one process",
             "ready counter equals the ready lists",
             "active counters equal the leases, per task"} <= failed(check(ev)[0])
+
+
+def test_checker_checks_the_counters_of_every_queue() -> None:
+    ev = healthy()
+    ev.counters["chaos-side"] = dataclasses.replace(ev.counters["chaos-side"], dead_letters=2)
+    assert failed(check(ev)[0]) == {"dead-letter set equals the dead records (chaos-side)"}
 
 
 def test_checker_fails_on_a_workflow_job_started_before_its_parent() -> None:
@@ -160,5 +169,6 @@ def test_checker_counts_workflow_jobs_below_a_cancelled_one_as_cancelled() -> No
 
 def test_checker_fails_on_a_leaked_running_count() -> None:
     ev = healthy()
-    ev.counters = dataclasses.replace(ev.counters, running=1, running_tenants={"t1": 1})
+    ev.counters["chaos"] = dataclasses.replace(ev.counters["chaos"], running=1,
+                                               running_tenants={"t1": 1})
     assert failed(check(ev)[0]) == {"limits' running counts equal the leases"}

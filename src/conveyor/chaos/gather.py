@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -31,13 +31,14 @@ def _chunks(items: list[Any]) -> Iterator[list[Any]]:
         yield items[i:i + CHUNK]
 
 
-def states(client: Any, keys: QueueKeys, jobs: list[Job]) -> list[str | None]:
-    """The state of each job's record, pipelined."""
+def states(client: Any, keys: Callable[[str], QueueKeys], jobs: list[Job]
+           ) -> list[str | None]:
+    """The state of each job's record, pipelined; ``keys`` names a queue's keys."""
     out: list[str | None] = []
     for part in _chunks(jobs):
         with client.pipeline(transaction=False) as pipe:
             for job in part:
-                pipe.hget(keys.job(job.short_id), STATE)
+                pipe.hget(keys(job.queue).job(job.short_id), STATE)
             out += [_text(s) for s in pipe.execute()]
     return out
 
@@ -56,20 +57,22 @@ def successes(client: Any, keys: QueueKeys) -> Counter[str]:
         start = "(" + _text(batch[-1][0])  # type: ignore[operator]
 
 
-def job_records(client: Any, keys: QueueKeys, jobs: dict[str, tuple[str, Job]]
-                ) -> list[JobRecord]:
-    """:param jobs: label -> (kind, job) of every job whose enqueue returned"""
-    wins = successes(client, keys)
+def job_records(client: Any, keys: Callable[[str], QueueKeys],
+                jobs: dict[str, tuple[str, Job]]) -> list[JobRecord]:
+    """:param keys: names a queue's keys
+    :param jobs: label -> (kind, job) of every job whose enqueue returned"""
+    wins = {queue: successes(client, keys(queue))
+            for queue in {job.queue for _, job in jobs.values()}}
     items = list(jobs.items())
     out = []
     for part in _chunks(items):
         with client.pipeline(transaction=False) as pipe:
             for _, (_, job) in part:
-                pipe.hmget(keys.job(job.short_id), STATE, "attempts", "error")
+                pipe.hmget(keys(job.queue).job(job.short_id), STATE, "attempts", "error")
             replies = pipe.execute()
         for (label, (kind, job)), (state, attempts, error) in zip(part, replies, strict=True):
             out.append(JobRecord(label, kind, job.id, _text(state), int(attempts or 0),
-                                 _text(error), wins[job.short_id]))
+                                 _text(error), wins[job.queue][job.short_id]))
     return out
 
 

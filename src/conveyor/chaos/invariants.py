@@ -74,7 +74,7 @@ class Evidence:
 
     jobs: list[JobRecord]
     ledger: list[LedgerEntry]
-    counters: Counters
+    counters: dict[str, Counters]  # queue -> its counters
     faults: list[Fault]
     cancelled: set[str] = field(default_factory=set)  # labels whose cancel() returned True
     cancel_unknown: set[str] = field(default_factory=set)  # labels whose cancel() raised
@@ -198,7 +198,8 @@ def _bound(summary: Summary) -> Check:
                  f"{summary.reexecutions} <= {summary.lost_leases} <= {summary.bound}")
 
 
-def _counters(c: Counters) -> list[Check]:
+def _counters(c: Counters, queue: str = "") -> list[Check]:
+    """The counter checks of one queue; ``queue`` names it after the first."""
     tasks = sorted(set(c.active) | set(c.leased))
     active = [f"{t}: active {c.active.get(t, 0)}, leases {c.leased.get(t, 0)}" for t in tasks
               if c.active.get(t, 0) != c.leased.get(t, 0) or c.active.get(t, 0) < 0]
@@ -210,12 +211,14 @@ def _counters(c: Counters) -> list[Check]:
     running = [] if c.running == leases and c.running_tenants == c.leased_tenants else [
         f"running {c.running} for {leases} leases; per tenant {c.running_tenants} for"
         f" {c.leased_tenants}"]
+    of = f" ({queue})" if queue else ""
     return [
-        _verdict("ready counter equals the ready lists", ready, f"{c.ready_counter}"),
-        _verdict("limits' running counts equal the leases", running, f"{c.running} running"),
-        _verdict("active counters equal the leases, per task", active,
+        _verdict(f"ready counter equals the ready lists{of}", ready, f"{c.ready_counter}"),
+        _verdict(f"limits' running counts equal the leases{of}", running,
+                 f"{c.running} running"),
+        _verdict(f"active counters equal the leases, per task{of}", active,
                  f"{sum(c.active.values())} active"),
-        _verdict("dead-letter set equals the dead records", dead, f"{c.dead_letters}"),
+        _verdict(f"dead-letter set equals the dead records{of}", dead, f"{c.dead_letters}"),
     ]
 
 
@@ -254,6 +257,7 @@ def check(ev: Evidence) -> tuple[list[Check], Summary]:
     """Every promise, held or not, and the figures of the run."""
     summary = summarize(ev)
     runs = _runs(ev.ledger)
-    checks = [*_outcomes(ev), *_successes(ev, runs), _bound(summary), *_counters(ev.counters),
-              _order(ev)]
+    per_queue = [check for i, (queue, c) in enumerate(ev.counters.items())
+                 for check in _counters(c, queue if i else "")]
+    checks = [*_outcomes(ev), *_successes(ev, runs), _bound(summary), *per_queue, _order(ev)]
     return checks, summary

@@ -86,6 +86,8 @@ class Producer:
         single = self._batches % 3 == 0
         if p.tenants and not single:
             work = work.options(tenant=f"t{rng.randrange(p.tenants)}")
+        if single and self._batches % 2 == 0:  # one single batch in two: the side queue
+            work = self.tasks.side
         try:
             if len(now) >= 3 and self._batches % WORKFLOW_EVERY == 0:
                 self._workflow(now, work)

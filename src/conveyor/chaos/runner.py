@@ -28,7 +28,7 @@ from .proxy import ProxyLink, open_proxy
 from .report import print_report, write_fault_log
 from .sentinel import SentinelSet
 from .servers import CLIENT_NAME, RedisProcess, SingleRedis, redis_server_binary
-from .tasks import QUEUE, ChaosTasks
+from .tasks import QUEUE, QUEUES, ChaosTasks
 
 __all__ = ["ChaosRun"]
 
@@ -89,7 +89,8 @@ class ChaosRun:
                                f"chaos-{self.seed}", ledger.url)
             tasks.app.queue(QUEUE).set_limits(concurrency=self.profile.queue_cap,
                                               tenant_concurrency=self.profile.tenant_cap)
-            stream_events(tasks.app, QUEUE)  # the invariants count successes in the stream
+            for queue in QUEUES:  # the invariants count successes in the streams
+                stream_events(tasks.app, queue)
             fleet = self._fleet(target.url, ledger, proxy)
             began = time.monotonic()
             producer = self._drive(target, fleet, tasks, proxy)
@@ -196,7 +197,7 @@ class ChaosRun:
         fleet.revive()
         jobs = producer.snapshot()
         try:
-            found = gather.states(tasks.app.redis, tasks.app.keys(QUEUE),
+            found = gather.states(tasks.app.redis, tasks.app.keys,
                                   [job for _, job in jobs.values()])
         except ERRORS:
             found = None  # Redis is down or out of memory right now: show the last figures
@@ -249,13 +250,18 @@ class ChaosRun:
         # A fresh client: on a Sentinel set it asks the sentinels again, so the evidence is
         # read from the primary, never from a connection left on a demoted one.
         tasks.app.close()
-        client, keys = tasks.app.redis, tasks.app.keys(QUEUE)
+        client = tasks.app.redis
         jobs = producer.snapshot()
-        records = gather.job_records(client, keys, jobs)
+        records = gather.job_records(client, tasks.app.keys, jobs)
         known = {job.short_id for _, job in jobs.values()}
-        stray, dead = gather.stray_records(client, keys, known)
+        stray, counters = [], {}
+        for queue in QUEUES:
+            keys = tasks.app.keys(queue)
+            strays, dead = gather.stray_records(client, keys, known)
+            stray += strays
+            counters[queue] = gather.counters(client, keys, dead)
         return Evidence(jobs=records, ledger=gather.ledger_entries(tasks.ledger),
-                        counters=gather.counters(client, keys, dead), faults=list(self.faults),
+                        counters=counters, faults=list(self.faults),
                         cancelled=set(producer.cancelled),
                         cancel_unknown=set(producer.cancel_unknown), stray=stray,
                         edges=list(producer.edges))
@@ -271,8 +277,8 @@ class ChaosRun:
                  " counted; any they stored is checked as a stray record)",
                  "worker restarts": f"{self.restarts} by the run (supervised children are"
                                     " replaced by their supervisor)",
-                 "hand-offs": f"{evidence.counters.handed} jobs leased by an enqueue straight"
-                              " to an idle worker"}
+                 "hand-offs": f"{sum(c.handed for c in evidence.counters.values())} jobs"
+                              " leased by an enqueue straight to an idle worker"}
         print_report(self.console, self.faults, self.skipped, checks, summary, self.seed,
                      seconds, extra)
         failed = [c for c in checks if not c.held]

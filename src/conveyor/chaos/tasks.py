@@ -28,10 +28,14 @@ import redis
 from ..app import Conveyor
 from ..task import Task
 
-__all__ = ["KINDS", "LEDGER_KEY", "POISON", "QUEUE", "ChaosTasks", "LedgerEntry",
-           "parse_entry"]
+__all__ = ["KINDS", "LEDGER_KEY", "POISON", "QUEUE", "QUEUES", "SIDE_QUEUE", "ChaosTasks",
+           "LedgerEntry", "parse_entry"]
 
 QUEUE = "chaos"
+# A second queue the same workers serve, with a share of the plain work jobs: the faults
+# aimed at one queue's keys (overwrite) hit QUEUE only, and must not hold back this one.
+SIDE_QUEUE = "chaos-side"
+QUEUES = (QUEUE, SIDE_QUEUE)
 LEDGER_KEY = "conveyor-chaos:ledger"
 WORK_VT = 2.0  # short leases, so the jobs of a killed or paused worker come back soon
 WORK_RETRIES = 60  # far more lost leases than any run inflicts on one job
@@ -78,6 +82,8 @@ class ChaosTasks:
         self.ledger = redis.Redis.from_url(ledger_url, socket_timeout=30)
         task = self.app.task
         self.work = task(name="chaos.work", queue=QUEUE, retries=WORK_RETRIES,
+                         backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._work)
+        self.side = task(name="chaos.side", queue=SIDE_QUEUE, retries=WORK_RETRIES,
                          backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._work)
         def poison(name: str, timeout: float | None = None) -> Callable[[F], Task[Any, Any]]:
             return task(name=name, queue=QUEUE, retries=POISON_RETRIES, backoff=RETRY_BACKOFF,
