@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import conveyor
@@ -43,8 +44,9 @@ def test_flush_all_waits_for_a_batch_already_on_the_wire(app: conveyor.Conveyor)
         done_early = flushing.done()
         held_up.release.set()
         await flushing
-        outbox.close()
-        await asyncio.wait_for(loop_task, 5)
+        loop_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(loop_task, 5)
         await app.aclose()
         return "returned early" if done_early else "waited"
 

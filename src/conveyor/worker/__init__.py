@@ -172,7 +172,6 @@ class Worker:
         finally:
             await self._leave_waiting()
             await self.outbox.flush_all()
-            self.outbox.close()
             await self.loops.cancel()
             await leave_markers(self)
             self.executor.shutdown()

@@ -49,7 +49,6 @@ class Outbox:
         self._idle.set()
         self.refused = 0
         self.alerter = alerter_for(app.alert_webhook)  # dead jobs -> webhook
-        self._closed = False
         self._hook_tasks: set[asyncio.Task[None]] = set()
         # Queues whose last finish failed: failures in a row, and when (loop time) to retry.
         self._failing: dict[str, tuple[int, float]] = {}
@@ -61,13 +60,10 @@ class Outbox:
         self._idle.clear()
         self._ready.set()
 
-    def close(self) -> None:
-        """Let :meth:`run` return once nothing is pending (or at its next wake-up)."""
-        self._closed = True
-        self._ready.set()
-
     async def run(self) -> None:
-        while not self._closed:
+        """Record outcomes as they come, until cancelled (a worker's loop never returns:
+        its keeper would take that for a death)."""
+        while True:
             await self._wait()
             # Let the outcomes already on their way join this batch: thread completions the
             # loop has been told of (delivered in the loop's next turns) would otherwise wait

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.worker")
 WAKE_BLOCK_SECONDS = 20.0  # longest BLPOP; after each quiet spell the queues are looked at
+SHUNNED_LOOK_SECONDS = 1.0  # a queue whose wake key is written over is looked at this often
 
 
 async def listen_for_wakeups(worker: Worker) -> None:
@@ -66,28 +68,35 @@ def _by_slot(worker: Worker) -> list[list[str]]:
 
 
 async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) -> None:
-    wake_keys = [worker.app.keys(q).wake for q in queues]
+    wake_keys = {worker.app.keys(q).wake: q for q in queues}
     handoffs = worker.waiting.lists(queues)
     runner = worker.app.ascripts()
     failures = 0
+    # Keys of these lists found holding another type (written over by hand): one such key
+    # fails every BLPOP that names it, so it is left out, and its queue looked at now and
+    # then instead, until it is a list again.
+    shunned: set[str] = set()
+    notes = _Notes()
     while True:
         try:
             if worker.stopping:
                 await asyncio.Event().wait()  # a stopping worker takes no more markers
-            if worker.free_slots() > 0:
-                # Offer the free slots once the worker's own fetches are done (an offer
-                # made during one would count slots the fetch is filling).
-                await worker.idle.wait()
-                slots = worker.free_slots()
-                if slots > 0 and not worker.stopping:
-                    now = await worker.waiting.register(runner, queues, slots)
-                    if now is not None:
-                        worker.clock.observe(now)
+            await _offer_free_slots(worker, runner, queues)
             # Hand-off lists too when full: a job handed on an offer that went stale is
             # handed back at once rather than wait for a free slot.
-            reply = await client.blpop([*handoffs, *wake_keys], timeout=WAKE_BLOCK_SECONDS)
+            reply = await _pop(client, [key for key in (*handoffs, *wake_keys)
+                                        if key not in shunned],
+                               SHUNNED_LOOK_SECONDS if shunned else WAKE_BLOCK_SECONDS)
             if reply is None:
-                await look_for_work(worker, client, queues)
+                if shunned:
+                    shunned -= await _lists_again(client, shunned)
+                    for key in shunned & wake_keys.keys():
+                        worker.look_again(wake_keys[key])
+                refused = await look_for_work(worker, client, queues)
+                if refused:
+                    expected = _looked_at(worker, queues)
+                    notes.warn(await _mistyped(client, {k: expected[k] for k in refused}),
+                               "read as nothing while looking for work")
             elif _text(reply[0]) in handoffs:
                 await _take_handed(worker, runner, handoffs[_text(reply[0])], reply[1])
             elif worker.stopping or worker.free_slots() <= 0:
@@ -97,18 +106,52 @@ async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) 
                 worker.wake_all()
             failures = 0
         except REDIS_ERRORS as exc:
+            if str(exc).startswith("WRONGTYPE"):  # name the key: Redis's error does not
+                lists = dict.fromkeys((*wake_keys, *handoffs), "list")
+                wrong = await _mistyped(client, lists)
+                if wrong:  # left out from now on: no pause, the other queues wait on
+                    shunned |= wrong.keys()
+                    notes.warn(wrong, "left out of the wait for wake-ups: its queue is looked"
+                                      f" at every {SHUNNED_LOOK_SECONDS:g} s until it is a list")
+                    worker.wake_all()
+                    continue
             failures += 1
             pause = pause_after(failures)
-            wrong = ""
-            if str(exc).startswith("WRONGTYPE"):  # name the key: Redis's error does not
-                wrong = "".join(f" ({text})" for text in await _mistyped(
-                    client, {**{key: "list" for key in (*wake_keys, *handoffs)},
-                             **_looked_at(worker, queues)}))
-            log.log(logging.WARNING if failures > 3 or wrong else logging.DEBUG,
-                    "wake listener: %s: %s%s; retrying in %.2f s", type(exc).__name__, exc,
-                    wrong, pause)
+            log.log(logging.WARNING if failures > 3 else logging.DEBUG,
+                    "wake listener: %s: %s; retrying in %.2f s", type(exc).__name__, exc, pause)
             await asyncio.sleep(pause)
             worker.wake_all()  # markers may have been missed meanwhile
+
+
+async def _offer_free_slots(worker: Worker, runner: Any, queues: Sequence[str]) -> None:
+    """Register as a waiter of ``queues`` with the worker's free slots, if any, once its
+    own fetches are done (an offer made during one would count slots it is filling)."""
+    if worker.free_slots() <= 0:
+        return
+    await worker.idle.wait()
+    slots = worker.free_slots()
+    if slots > 0 and not worker.stopping:
+        now = await worker.waiting.register(runner, queues, slots)
+        if now is not None:
+            worker.clock.observe(now)
+
+
+async def _pop(client: Any, keys: list[str], block: float) -> Any:
+    """BLPOP ``keys`` for up to ``block`` seconds (with none, just wait that long)."""
+    if keys:
+        return await client.blpop(keys, timeout=block)
+    await asyncio.sleep(block)
+    return None
+
+
+async def _lists_again(client: Any, keys: set[str]) -> set[str]:
+    """Those of ``keys`` that are lists again (or gone)."""
+    async with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.type(key)
+        kinds = await pipe.execute()
+    return {key for key, kind in zip(keys, kinds, strict=True)
+            if _text(kind) in ("list", "none")}
 
 
 async def _take_handed(worker: Worker, runner: Any, queue: str, entry: bytes) -> None:
@@ -151,36 +194,37 @@ async def leave_markers(worker: Worker) -> None:
                 await _pass_on(client, worker.app.keys(queue).wake)
 
 
-async def look_for_work(worker: Worker, client: Any, queues: Sequence[str]) -> None:
+async def look_for_work(worker: Worker, client: Any, queues: Sequence[str]) -> list[str]:
     """After a quiet spell, read each queue's ready backlog, earliest delayed job and
     earliest lease deadline (three commands per queue, pipelined). A wake-up can be lost —
     its worker died or left before acting — and a worker that dies holding jobs wakes
     nobody: without this, such work would wait for an unrelated enqueue. A key of the wrong
-    type (written over by hand) tells nothing, and the other keys are read all the same;
-    the call then raises, naming it."""
+    type (written over by hand) tells nothing, and the other keys are read all the same:
+    returns those keys. Any other refusal raises."""
+    looked = list(_looked_at(worker, queues))  # per queue: counts, delayed, leases
     async with client.pipeline(transaction=False) as pipe:
-        for queue in queues:
-            k = worker.app.keys(queue)
-            pipe.hget(k.counts, "ready")
-            pipe.zrange(k.delayed, 0, 0, withscores=True)
-            pipe.zrange(k.leases, 0, 0, withscores=True)
+        for i in range(0, len(looked), 3):
+            pipe.hget(looked[i], "ready")
+            pipe.zrange(looked[i + 1], 0, 0, withscores=True)
+            pipe.zrange(looked[i + 2], 0, 0, withscores=True)
         replies = await pipe.execute(raise_on_error=False)
-    refused = None
+    refused = [key for key, reply in zip(looked, replies, strict=True)
+               if isinstance(reply, Exception)]
+    for reply in replies:
+        if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+            raise reply
     for i, queue in enumerate(queues):
         ready, delayed, leases = replies[3 * i: 3 * i + 3]
-        refused = next((r for r in (ready, delayed, leases) if isinstance(r, Exception)),
-                       refused)
         if not isinstance(ready, Exception) and _number(ready) > 0:
             worker.look_again(queue)
         for first in (delayed, leases):
             if first and not isinstance(first, Exception):
                 worker.due_at(queue, float(first[0][1]))
-    if refused is not None:
-        raise refused
+    return refused
 
 
 def _looked_at(worker: Worker, queues: Sequence[str]) -> dict[str, str]:
-    """The keys :func:`look_for_work` reads, with their types."""
+    """The keys :func:`look_for_work` reads, with their types, in its order."""
     out = {}
     for queue in queues:
         k = worker.app.keys(queue)
@@ -188,19 +232,37 @@ def _looked_at(worker: Worker, queues: Sequence[str]) -> dict[str, str]:
     return out
 
 
-async def _mistyped(client: Any, expected: dict[str, str]) -> list[str]:
-    """Which of ``expected`` (key -> type) hold another type, each as a phrase naming the
-    key; best effort (nothing when they cannot be read)."""
+class _Notes:
+    """Warnings about keys written over, each logged at most once a minute."""
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        self._said: dict[str, float] = {}
+
+    def warn(self, wrong: dict[str, str], then: str) -> None:
+        """:param wrong: key -> what is wrong with it
+        :param then: what the listener does about it"""
+        now = time.monotonic()
+        for key, text in wrong.items():
+            if now - self._said.get(key, -self.EVERY_S) >= self.EVERY_S:
+                self._said[key] = now
+                log.warning("wake listener: %s; %s", text, then)
+
+
+async def _mistyped(client: Any, expected: dict[str, str]) -> dict[str, str]:
+    """Which of ``expected`` (key -> type) hold another type: key -> a phrase naming it;
+    best effort (nothing when they cannot be read)."""
     try:
         async with client.pipeline(transaction=False) as pipe:
             for key in expected:
                 pipe.type(key)
             kinds = [_text(kind) for kind in await pipe.execute()]
     except REDIS_ERRORS:
-        return []
-    return [f"key {key} holds a {kind} where a {want} belongs: written over by hand?"
+        return {}
+    return {key: f"key {key} holds a {kind} where a {want} belongs: written over by hand?"
             for (key, want), kind in zip(expected.items(), kinds, strict=True)
-            if kind not in ("none", want)]
+            if kind not in ("none", want)}
 
 
 def _number(value: Any) -> float:
