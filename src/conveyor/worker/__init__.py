@@ -17,7 +17,6 @@ import os
 import signal
 import socket
 import threading
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +24,7 @@ from ..clock import ServerClock
 from ..schedule import Scheduler
 from ..scripts import calls
 from ..workflow.handover import HandOvers
-from .backoff import REDIS_ERRORS, pause_after
+from .backoff import REDIS_ERRORS, QueueBackoff, pause_after
 from .executor import Executor, Held
 from .handoff import WAITER_TTL_MS, Waiting
 from .leases import keep_leases
@@ -84,9 +83,9 @@ class Worker:
         self.nudge: asyncio.Event | None = None
         self._more: dict[str, bool] = {}
         self._held_back: dict[str, bool] = {}  # a limit held ready jobs at the last fetch
-        # Queues whose last fetch failed: consecutive failures, and when (monotonic) to try
-        # again; the other queues are served meanwhile.
-        self._fetch_failures: dict[str, tuple[int, float]] = {}
+        # Queues whose last fetch failed wait out a pause of their own; the others are
+        # served meanwhile.
+        self._fetch_backoff = QueueBackoff()
         self._wakes = 0  # wake-ups seen so far (one that arrives during a fetch is kept)
         self.next_due: dict[str, float | None] = {}
         self._rotation = 0
@@ -231,7 +230,8 @@ class Worker:
             if free <= 0 or self._stopping:
                 break
             queue = self.queues[(self._rotation + i) % n]
-            if (not self._more[queue] and not self._is_due(queue)) or self._backing_off(queue):
+            if ((not self._more[queue] and not self._is_due(queue))
+                    or self._fetch_backoff.waiting(queue)):
                 continue
             wakes = self._wakes
             try:
@@ -242,7 +242,7 @@ class Worker:
             except REDIS_ERRORS as exc:
                 self._fetch_failed(queue, exc)
                 continue
-            self._fetch_failures.pop(queue, None)
+            self._fetch_backoff.succeeded(queue)
             self.waiting.offered(queue, fetched.offered)
             self.clock.observe(fetched.now_ms)
             self.next_due[queue] = fetched.next_due_ms
@@ -266,16 +266,10 @@ class Worker:
         and its other queues, and tries this one again after a pause that grows with each
         failure in a row (one queue's trouble, a key or a Cluster node of its own, must not
         stop the others)."""
-        failures = self._fetch_failures.get(queue, (0, 0.0))[0] + 1
-        pause = pause_after(failures)
-        self._fetch_failures[queue] = (failures, time.monotonic() + pause)
+        pause = self._fetch_backoff.failed(queue)
         self._more[queue] = True
         log.warning("could not fetch jobs from queue %s (%s: %s); retrying it in %.2f s",
                     queue, type(exc).__name__, exc, pause)
-
-    def _backing_off(self, queue: str) -> bool:
-        failed = self._fetch_failures.get(queue)
-        return failed is not None and time.monotonic() < failed[1]
 
     def take_handed(self, queue: str, handed: calls.Fetched) -> list[calls.Leased]:
         """Start jobs an enqueue handed to this worker; returns those beyond its free slots
@@ -389,8 +383,8 @@ class Worker:
         if self.held and not any(self._more.values()):
             # Busy but the queues looked empty: look again now and then for new work.
             timeout = WAKE_BLOCK_SECONDS if timeout is None else min(timeout, WAKE_BLOCK_SECONDS)
-        if self._fetch_failures and self.free_slots() > 0:  # a failed queue's next try
-            retry = max(0.0, min(t for _, t in self._fetch_failures.values()) - time.monotonic())
+        retry = self._fetch_backoff.next_retry()
+        if retry is not None and self.free_slots() > 0:  # a failed queue's next try
             timeout = retry if timeout is None else min(timeout, retry)
         if not self.nudge.is_set():
             self.idle.set()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..alerts import alerter_for
 from ..job import JobInfo
 from ..scripts import calls
-from .backoff import REDIS_ERRORS, pause_after
+from .backoff import REDIS_ERRORS, QueueBackoff, pause_after
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -50,8 +50,7 @@ class Outbox:
         self.refused = 0
         self.alerter = alerter_for(app.alert_webhook)  # dead jobs -> webhook
         self._hook_tasks: set[asyncio.Task[None]] = set()
-        # Queues whose last finish failed: failures in a row, and when (loop time) to retry.
-        self._failing: dict[str, tuple[int, float]] = {}
+        self._backoff = QueueBackoff()  # queues whose last finish failed
         #: awaited with a queue whose acknowledgements queued workflow hand-overs
         self.on_handover: Callable[[str], Awaitable[None]] | None = None
 
@@ -78,21 +77,19 @@ class Outbox:
 
     async def _wait(self) -> None:
         """Until outcomes are added, or a queue that failed is due to be tried again."""
-        if not self._failing:
+        retry = self._backoff.next_retry()
+        if retry is None:
             await self._ready.wait()
             return
-        retry = min(at for _, at in self._failing.values())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._ready.wait(),
-                                   max(0.0, retry - asyncio.get_running_loop().time()))
+            await asyncio.wait_for(self._ready.wait(), retry)
 
     async def _flush_once(self) -> None:
         # Taken before the progress is written: every outcome taken was reported after its
         # run's last progress, so that progress goes out first (after the outcome it would
         # be refused, the job no longer being active).
-        now = asyncio.get_running_loop().time()
         batches = [(queue, batch) for queue in list(self.pending)
-                   if self._failing.get(queue, (0, now))[1] <= now
+                   if not self._backoff.waiting(queue)
                    and (batch := self.pending.pop(queue, []))]
         try:
             await self._before_flush({(queue, o.short_id) for queue, batch in batches
@@ -103,10 +100,11 @@ class Outbox:
                         calls.finish(self.app.keys(queue), batch, self.app.limits)
                     )
                 except ERRORS as exc:
-                    self._failed(queue, exc)
+                    log.warning("could not record outcomes in %s (%s); retrying in %.2f s",
+                                queue, exc, self._backoff.failed(queue))
                     continue  # put back below; the other queues' go on
                 batches[i] = (queue, [])
-                self._failing.pop(queue, None)
+                self._backoff.succeeded(queue)
                 self._after(queue, batch, done)
                 if done.handed_over and self.on_handover is not None:
                     await self.on_handover(queue)
@@ -115,12 +113,6 @@ class Outbox:
                 if batch:
                     self.pending.setdefault(queue, [])[:0] = batch
 
-    def _failed(self, queue: str, exc: BaseException) -> None:
-        failures = self._failing.get(queue, (0, 0.0))[0] + 1
-        pause = pause_after(failures)
-        self._failing[queue] = (failures, asyncio.get_running_loop().time() + pause)
-        log.warning("could not record outcomes in %s (%s); retrying in %.2f s", queue, exc,
-                    pause)
 
     async def _before_flush(self, jobs: set[tuple[str, str]]) -> None:
         if self.before_flush is None or not jobs:

@@ -89,7 +89,9 @@ async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) 
                                SHUNNED_LOOK_SECONDS if shunned else WAKE_BLOCK_SECONDS)
             if reply is None:
                 if shunned:
-                    shunned -= await _lists_again(client, shunned)
+                    # Those still of another type stay out (a failed read: all go back
+                    # in, and the next wait finds them again).
+                    shunned &= (await _mistyped(client, dict.fromkeys(shunned, "list"))).keys()
                     for key in shunned & wake_keys.keys():
                         worker.look_again(wake_keys[key])
                 refused = await look_for_work(worker, client, queues)
@@ -142,16 +144,6 @@ async def _pop(client: Any, keys: list[str], block: float) -> Any:
         return await client.blpop(keys, timeout=block)
     await asyncio.sleep(block)
     return None
-
-
-async def _lists_again(client: Any, keys: set[str]) -> set[str]:
-    """Those of ``keys`` that are lists again (or gone)."""
-    async with client.pipeline(transaction=False) as pipe:
-        for key in keys:
-            pipe.type(key)
-        kinds = await pipe.execute()
-    return {key for key, kind in zip(keys, kinds, strict=True)
-            if _text(kind) in ("list", "none")}
 
 
 async def _take_handed(worker: Worker, runner: Any, queue: str, entry: bytes) -> None:
