@@ -80,8 +80,8 @@ local wrong = wrong_key_type('fetch', { k.priorities, 'zset', k.delayed, 'zset',
 if wrong then return redis.error_reply(wrong) end
 -- The token counter is first incremented after a job is popped: one that is no integer
 -- would fail the fetch there, with that job off its ready list and in no lease.
-local seq = redis.call('GET', k.seq)
-if seq and not string.match(seq, '^%-?%d+$') then
+local seq = not_a_counter(k.seq)
+if seq then
   return redis.error_reply('ERR fetch: key ' .. k.seq .. ' holds ' .. quoted(seq)
     .. ', not an integer (written over by hand?); nothing was changed')
 end

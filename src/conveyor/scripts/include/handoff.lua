@@ -117,8 +117,7 @@ local function hand_off_refused(k, w)
       k.running, 'hash', k.parked, 'zset', k.handoff_prefix .. w.worker, 'list' }) then
     return true
   end
-  local seq = redis.call('GET', k.seq)
-  return seq ~= false and not string.match(seq, '^%-?%d+$')
+  return not_a_counter(k.seq) ~= nil
 end
 
 -- After an enqueue made `n_ready` jobs ready: hand up to that many to a live waiter of the

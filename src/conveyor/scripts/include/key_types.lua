@@ -19,3 +19,11 @@ local function wrong_key_type(script, checks)
   end
   return nil
 end
+
+-- The value of a counter key (a string INCRBY adds to) when it is not an integer, else
+-- nil: INCRBY would fail on it, part way through the call that increments it.
+local function not_a_counter(key)
+  local value = redis.call('GET', key)
+  if value and not string.match(value, '^%-?%d+$') then return value end
+  return nil
+end
