@@ -37,3 +37,26 @@ def test_a_durable_enqueue_returns_once_the_replica_has_the_job(
         assert task.enqueue(3).info().state == "ready"  # plain enqueue does not wait
     finally:
         app.close()
+
+
+def test_a_durable_enqueue_whose_reply_was_lost_stores_once_and_waits_for_the_replica(
+        make_server: type[RedisServer]) -> None:
+    from lost_reply import LoseReplies, script
+
+    primary = make_server(durable=True).start()
+    replica = make_server(extra=["--replicaof", "127.0.0.1", str(primary.port)])
+    replica.start()
+    wait_until(lambda: replica.client().info("replication")["master_link_status"] == "up", 10,
+               message="the replica in sync")
+    app = conveyor.Conveyor(primary.url, namespace=f"d{uuid.uuid4().hex[:6]}",
+                            durable_timeout=2.0)
+    task = app.task(name="keep", queue="q")(lambda n: n)
+    try:
+        with LoseReplies(script("enqueue")) as lost:
+            jobs = task.options(durable=True).enqueue_many([(n,) for n in range(20)])
+        assert lost.lost == 1
+        k = app.keys("q")
+        assert app.redis.llen(k.ready_prefix + "5:") == 20  # each job once
+        assert replica.client().hget(k.job(jobs[-1].short_id), "s") == b"ready"
+    finally:
+        app.close()

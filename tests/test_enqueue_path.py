@@ -130,14 +130,17 @@ def test_a_server_without_the_scripts_costs_one_more_round_trip_and_loses_nothin
 
 
 def test_a_call_is_encoded_as_redis_py_encodes_it_also_from_the_kept_head() -> None:
-    from conveyor.scripts import ScriptCall, _Packer
+    from conveyor.scripts import ScriptCall, _Packer, wire
 
     packer, reference = _Packer(), redis.Connection()
     keys = ("{ns:q}:j:", "{ns:q}:ready:")
     for tail in ([b"id-1", b"\xff\x00payload"], ["id-2", "ünïcode"], [7, 2.5]):
         call: ScriptCall[Any] = ScriptCall("enqueue", keys, ("", 10, 1.25, "task", *tail),
                                            fixed=4)
-        expected = b"".join(reference.pack_command("EVALSHA", "abc123", len(keys), *keys,
-                                                   *call.args))
-        assert packer.pack(call, "abc123") == expected
+        forget = "" if tail[0] == 7 else "0123 4567"
+        wire_keys, wire_args = wire(call, forget)
+        assert wire_keys[-1] == "{ns:q}:reply:"  # the kept reply lives in the call's slot
+        expected = b"".join(reference.pack_command("EVALSHA", "abc123", len(wire_keys),
+                                                   *wire_keys, *wire_args))
+        assert packer.pack(call, "abc123", forget) == expected
     assert len(packer._heads) == 1  # one head, kept for the three calls

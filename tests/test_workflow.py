@@ -205,7 +205,10 @@ def test_hand_overs_are_idempotent(app: conveyor.Conveyor) -> None:
     release = calls.workflow_release(k, [(c_short, ids["b"], ""), (c_short, ids["a"], "")],
                                      app.limits)
     assert app.scripts.run(release) == (1, 0)
-    assert app.scripts.run(release) == (0, 0)
+    assert app.scripts.run(release) == (1, 0)  # the same request sent again: its reply
+    again = calls.workflow_release(k, [(c_short, ids["b"], ""), (c_short, ids["a"], "")],
+                                   app.limits)
+    assert app.scripts.run(again) == (0, 0)  # a new request: nothing left to release
     assert handle.info().nodes["c"].state == conveyor.JobState.READY
     assert app.redis.hget(k.counts, "ready") == b"3"
     assert app.redis.llen(k.ready_prefix + "5:") == 3

@@ -127,8 +127,12 @@ def test_a_killed_workers_hand_over_is_completed_by_the_next_worker(
     assert app.scripts.run(ack).handed_over == 1
     # ... and the worker is gone: nothing told the child.
     assert handle.info().nodes["child"].state == conveyor.JobState.SCHEDULED
-    # An acknowledgement retried after a lost reply is refused and hands over nothing more.
-    assert app.scripts.run(ack).codes == [calls.FINISH_REFUSED]
+    # An acknowledgement sent again after a lost reply answers as the first time, and a
+    # new one with the same token is refused; neither hands over anything more.
+    assert app.scripts.run(ack).codes == [calls.FINISH_SUCCEEDED]
+    again = calls.finish(k, [calls.Outcome(leased.short_id, leased.token, "ok", 0.0,
+                                           app.codec.encode_result(-1))], app.limits)
+    assert app.scripts.run(again).codes == [calls.FINISH_REFUSED]
     assert app.redis.llen(k.handover) == 1
     with running_worker(app, queues=[QUEUE], concurrency=2):
         result = handle.result(timeout=30)

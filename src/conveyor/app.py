@@ -8,7 +8,7 @@ import logging
 import os
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
-from functools import cached_property
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
 
 from . import clients
@@ -17,7 +17,8 @@ from .encoding import DEFAULT_MAX_PAYLOAD, Codec, Format
 from .errors import ConfigurationError, NotReplicated, PartialEnqueue
 from .hooks import Hook
 from .job import Job, JobInfo
-from .scripts import AsyncScriptRunner, ScriptRunner, calls
+from .scripts import AsyncScriptRunner, ScriptRunner, calls, plain
+from .scripts.resend import aresend, resend
 from .task import AsyncTask, Task
 from .workflow import Workflow, WorkflowHandle
 from .workflow import batch as _batch
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("conveyor")
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 ENQUEUE_CHUNK = 2000  # jobs per script call; a bulk enqueue pipelines its chunks
+# A bulk enqueue whose connection broke sends the same requests again (each chunk's reply
+# is kept, so a chunk is never stored twice) for up to this long, through a Redis restart
+# or a failover, before it gives up and says which jobs it cannot confirm.
+RESOLVE_SECONDS = 15.0
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -350,16 +355,12 @@ class Conveyor:
                                          " connection)")
             return self._store_apart(queue, chunks)
         register = ("SADD", keyspace.queues_key(self.namespace), queue)
-        if durable:
-            with self.redis.pipeline(transaction=False) as pipe:
-                pipe.execute_command(*register)
-                for call in chunks:
-                    self.scripts.queue(call, pipe)
-                pipe.execute_command("WAIT", self.durable_replicas,
-                                     max(1, int(self.durable_timeout * 1000)))
-                replies = pipe.execute(raise_on_error=False)
-        else:
-            replies = self.scripts.send_all(chunks, before=[register])
+        wait = [("WAIT", self.durable_replicas, max(1, int(self.durable_timeout * 1000)))]
+        try:  # the same requests until answered: each chunk is stored once (keep_reply)
+            replies = resend(lambda: self.scripts.send_all(
+                chunks, before=[register], after=wait if durable else ()), RESOLVE_SECONDS)
+        except plain.BROKEN as exc:
+            raise self._unconfirmed(queue, [], chunks, exc) from exc
         acked: Any = replies.pop() if durable else 0
         stored = self._stored(queue, chunks, replies)
         self._registered_queues.add(queue)
@@ -372,6 +373,22 @@ class Conveyor:
                 confirmed)
         return stored
 
+    def _unconfirmed(self, queue: str, stored: list[tuple[str, bool]], chunks: list[Any],
+                     error: BaseException) -> PartialEnqueue:
+        """The error of a bulk enqueue whose last replies never came, however often it was
+        sent: ``stored`` are stored, the jobs of ``chunks`` may be (each chunk all or
+        none); their records tell (``job.info()`` raises :class:`JobNotFound` if not)."""
+        jobs = [Job._of(self, queue, short) for short, _ in stored]
+        unsure = [Job._of(self, queue, str(short)) for call in chunks
+                  for short in call.args[call.fixed::2]]
+        raised = PartialEnqueue(
+            f"{len(jobs)} job(s) of queue {queue!r} are stored and {len(unsure)} may be:"
+            f" Redis stopped answering ({type(error).__name__}: {error}); .jobs lists the"
+            " stored ones, .unconfirmed the others (job.info() tells whether each exists)",
+            jobs, unsure)
+        raised.__cause__ = error
+        return raised
+
     def _partial(self, queue: str, stored: list[tuple[str, bool]], error: BaseException
                  ) -> BaseException:
         """The error to raise when a bulk enqueue failed after ``stored``: the original
@@ -379,11 +396,11 @@ class Conveyor:
         if not stored:
             return error
         jobs = [Job._of(self, queue, short) for short, _ in stored]
-        partial = PartialEnqueue(
+        raised = PartialEnqueue(
             f"{len(jobs)} job(s) of queue {queue!r} were stored before Redis refused the"
             f" rest ({type(error).__name__}: {error}); .jobs lists the stored ones", jobs)
-        partial.__cause__ = error
-        return partial
+        raised.__cause__ = error
+        return raised
 
     def _stored(self, queue: str, chunks: list[Any], replies: list[Any]
                 ) -> list[tuple[str, bool]]:
@@ -408,9 +425,11 @@ class Conveyor:
             self.redis.sadd(keyspace.queues_key(self.namespace), queue)
             self._registered_queues.add(queue)
         stored: list[tuple[str, bool]] = []
-        for call in chunks:
+        for i, call in enumerate(chunks):
             try:
-                stored.extend(self.scripts.run(call))
+                stored.extend(resend(partial(self.scripts.run, call), RESOLVE_SECONDS))
+            except plain.BROKEN as exc:
+                raise self._unconfirmed(queue, stored, chunks[i:], exc) from exc
             except Exception as exc:
                 raise self._partial(queue, stored, exc) from exc
         return stored
@@ -431,16 +450,23 @@ class Conveyor:
         chunks = self._chunks(queue, spec, jobs)
         if runner.pipelined:  # one round trip, as the sync store
             register = ("SADD", keyspace.queues_key(self.namespace), queue)
-            stored = self._stored(queue, chunks, await runner.send_all(chunks, [register]))
+            try:
+                replies = await aresend(lambda: runner.send_all(chunks, [register]),
+                                        RESOLVE_SECONDS)
+            except plain.BROKEN as exc:
+                raise self._unconfirmed(queue, [], chunks, exc) from exc
+            stored = self._stored(queue, chunks, replies)
             self._registered_queues.add(queue)
             return stored
         if queue not in self._registered_queues:
             await client.sadd(keyspace.queues_key(self.namespace), queue)
             self._registered_queues.add(queue)
         out: list[tuple[str, bool]] = []
-        for call in chunks:
+        for i, call in enumerate(chunks):
             try:
-                out.extend(await runner.run(call))
+                out.extend(await aresend(partial(runner.run, call), RESOLVE_SECONDS))
+            except plain.BROKEN as exc:
+                raise self._unconfirmed(queue, out, chunks[i:], exc) from exc
             except Exception as exc:
                 raise self._partial(queue, out, exc) from exc
         return out

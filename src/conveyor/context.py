@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 from . import keys as keyspace
 from .errors import LeaseLost
 from .scripts import calls
+from .scripts.resend import aresend, resend
 
 if TYPE_CHECKING:
     from .app import Conveyor
@@ -180,8 +181,10 @@ class JobContext:
         result = fn(*args, **kwargs)
         encoded = self._app.codec.encode_result(result)
         leased = self._held.leased
-        code, kept = self._app.scripts.run(
-            calls.step(self._keys, leased.short_id, leased.token, name, encoded))
+        call = calls.step(self._keys, leased.short_id, leased.token, name, encoded)
+        # The record is sent until it is answered while the lease may still hold (the
+        # heartbeat keeps it): a step whose result was lost would run again on the retry.
+        code, kept = resend(lambda: self._app.scripts.run(call), leased.visibility_ms / 1000)
         return self._kept(name, code, kept, result)  # type: ignore[no-any-return]
 
     async def astep(self, name: str, fn: Callable[P, Awaitable[R]], *args: P.args,
@@ -195,8 +198,9 @@ class JobContext:
         result = await fn(*args, **kwargs)
         encoded = self._app.codec.encode_result(result)
         leased = self._held.leased
-        code, kept = await self._app.ascripts().run(
-            calls.step(self._keys, leased.short_id, leased.token, name, encoded))
+        call = calls.step(self._keys, leased.short_id, leased.token, name, encoded)
+        runner = self._app.ascripts()
+        code, kept = await aresend(lambda: runner.run(call), leased.visibility_ms / 1000)
         return self._kept(name, code, kept, result)  # type: ignore[no-any-return]
 
 

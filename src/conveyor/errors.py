@@ -46,12 +46,17 @@ class PayloadTooLarge(EncodingError, ValueError):
 class PartialEnqueue(ConveyorError):
     """A bulk enqueue stored some of its jobs and then failed (Redis refused a later chunk:
     out of memory, say). ``jobs`` are the jobs that were stored — they will run — and
-    ``__cause__`` is the error that stopped the rest. An enqueue that raises anything else
-    stored nothing."""
+    ``__cause__`` is the error that stopped the rest. ``unconfirmed`` are jobs whose store
+    was sent but never answered, however often it was sent again (Redis unreachable for
+    good): each is stored or not, and ``job.info()`` tells (``JobNotFound`` if not); it is
+    empty when Redis refused the rest. An enqueue that raises anything else stored
+    nothing."""
 
-    def __init__(self, message: str, jobs: list[Any]) -> None:
+    def __init__(self, message: str, jobs: list[Any], unconfirmed: list[Any] | None = None
+                 ) -> None:
         super().__init__(message)
         self.jobs = jobs
+        self.unconfirmed = unconfirmed or []
 
 
 class NotReplicated(ConveyorError):

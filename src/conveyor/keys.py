@@ -55,6 +55,9 @@ class QueueKeys:
     waiters: str  # zset worker id -> when its registration as a waiter lapses (ms)
     waiter_offers: str  # hash worker id -> '<free slots>:<nonce>' it offers
     handoff_prefix: str  # + worker id -> list of jobs handed to that idle worker
+    # + request id -> a script call's reply, kept a while so that a re-sent call (its first
+    # reply lost) answers it again instead of applying twice (see conveyor.scripts)
+    replies_prefix: str
 
     def job(self, short_id: str) -> str:
         return self.job_prefix + short_id
@@ -137,6 +140,7 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
         waiters=f"{tag}:waiters",
         waiter_offers=f"{tag}:offers",
         handoff_prefix=f"{tag}:handoff:",
+        replies_prefix=f"{tag}:reply:",
     )
 
 

@@ -10,6 +10,7 @@ by :class:`ScriptRunner` on a sync, async or pipeline client (how to send it).
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -66,7 +67,56 @@ def source(name: str) -> str:
             raise FileNotFoundError(f"no Lua file {path!r} in {__package__}")
         return file.read_text(encoding="utf-8")
 
-    return assemble(name, read)
+    return keep_reply(assemble(name, read))
+
+
+# Every mutating call can be sent again without applying twice. A call whose reply was
+# lost (a reset, a timeout, a failover after the write) has run or not, and the client
+# cannot tell; redis-py and the worker's loops send it again. So every script call carries
+# a request id, and the script keeps its reply under that id for a while: sent again, it
+# returns the kept reply and writes nothing. The transport owns this (the last KEYS entry
+# and the last three ARGV entries); the body of each script never sees them.
+KEPT_REPLY_MS = 600_000  # how long a reply is kept when its caller never confirms it
+FORGET_MAX = 16  # confirmed replies one call deletes at most
+
+_KEPT_HEAD = """\
+-- The transport's part (conveyor.scripts.keep_reply): KEYS[#KEYS] is the prefix of kept
+-- replies; ARGV ends with (ids of replies the caller has read, ttl_ms, request id).
+local kept_prefix_ = table.remove(KEYS)
+local request_ = table.remove(ARGV)
+local kept_ttl_ = tonumber(table.remove(ARGV))
+local forget_ = table.remove(ARGV)
+if request_ ~= '' then
+  local kept = redis.pcall('GET', kept_prefix_ .. request_)
+  if type(kept) == 'string' then
+    -- A write, so that a WAIT behind this call on a new connection waits for the
+    -- replication of the first one (a client's WAIT covers its own writes).
+    redis.call('PEXPIRE', kept_prefix_ .. request_, kept_ttl_)
+    return cmsgpack.unpack(kept)[1]
+  end
+end
+local function body_()
+"""
+_KEPT_TAIL = """
+end
+local reply_ = body_()
+if type(reply_) == 'table' and reply_.err then return reply_ end  -- refused: nothing written
+for done in string.gmatch(forget_, '%S+') do
+  if done ~= request_ then redis.call('DEL', kept_prefix_ .. done) end
+end
+if request_ ~= '' and kept_ttl_ and kept_ttl_ > 0 then
+  redis.call('SET', kept_prefix_ .. request_, cmsgpack.pack({reply_}), 'PX', kept_ttl_)
+end
+return reply_
+"""
+
+
+def keep_reply(text: str) -> str:
+    """``text`` (an assembled script) run as a function whose reply is kept under the
+    call's request id (see :data:`KEPT_REPLY_MS`). An error reply (a refusal before the
+    first write) is not kept: sent again, the call is checked again."""
+    shebang, _, body = text.partition("\n")
+    return f"{shebang}\n{_KEPT_HEAD}{body}{_KEPT_TAIL}"
 
 
 def assemble(name: str, read: Callable[[str], str]) -> str:
@@ -131,18 +181,20 @@ class _Packer:
     def __init__(self) -> None:
         self._heads: dict[tuple[Any, ...], bytes] = {}
 
-    def pack(self, call: ScriptCall[Any], sha: str) -> bytes:
+    def pack(self, call: ScriptCall[Any], sha: str, forget: str = "") -> bytes:
         fixed = call.fixed
         head_key = (sha, call.keys, *call.args[:fixed])
         head = self._heads.get(head_key)
         if head is None:
             if len(self._heads) >= self.LIMIT:
                 self._heads.clear()
-            head = b"".join(_bulk(part) for part in ("EVALSHA", sha, len(call.keys),
-                                                     *call.keys, *call.args[:fixed]))
+            head = b"".join(_bulk(part) for part in (
+                "EVALSHA", sha, len(call.keys) + 1, *call.keys, call.replies,
+                *call.args[:fixed]))
             self._heads[head_key] = head
-        count = 3 + len(call.keys) + len(call.args)
-        return b"".join((b"*%d\r\n" % count, head, *map(_bulk, call.args[fixed:])))
+        count = 4 + len(call.keys) + len(call.args) + 3
+        tail = (*call.args[fixed:], forget, KEPT_REPLY_MS, call.request)
+        return b"".join((b"*%d\r\n" % count, head, *map(_bulk, tail)))
 
 
 def _bulk(value: Arg) -> bytes:
@@ -164,13 +216,15 @@ def _bulk(value: Arg) -> bytes:
 Command = tuple[Arg, ...]
 
 
-def _evalsha(script: Any, call: ScriptCall[Any]) -> Command:
-    return ("EVALSHA", script.sha, len(call.keys), *call.keys, *call.args)
+def _evalsha(script: Any, call: ScriptCall[Any], forget: str = "") -> Command:
+    keys, args = wire(call, forget)
+    return ("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
 def _first_trip(scripts: dict[str, Any], calls: Sequence[ScriptCall[Any]],
-                before: Sequence[Command]) -> list[Command]:
-    return [*before, *(_evalsha(scripts[call.name], call) for call in calls)]
+                before: Sequence[Command], confirmed: Confirmed) -> list[Command]:
+    return [*before, *(_evalsha(scripts[call.name], call, confirmed.take(call.replies))
+                       for call in calls)]
 
 
 def _second_trip(scripts: dict[str, Any], calls: Sequence[ScriptCall[Any]],
@@ -182,25 +236,38 @@ def _second_trip(scripts: dict[str, Any], calls: Sequence[ScriptCall[Any]],
     return again, loads + [_evalsha(scripts[calls[i].name], calls[i]) for i in again]
 
 
-def _merge(replies: list[Any], skip: int, again: list[int], retried: Sequence[Any]) -> None:
-    """Put the second round trip's replies (after its loads) in place of the NOSCRIPT ones."""
-    for i, reply in zip(again, retried[len(retried) - len(again):], strict=True):
+def _confirm(confirmed: Confirmed, calls: Sequence[ScriptCall[Any]], replies: Sequence[Any],
+             skip: int) -> None:
+    """Note the calls whose replies arrived (their kept replies may go)."""
+    for call, reply in zip(calls, replies[skip:], strict=True):
+        if not isinstance(reply, Exception):
+            confirmed.add(call)
+
+
+def _merge(replies: list[Any], skip: int, again: list[int], retried: Sequence[Any],
+           after: int = 0) -> None:
+    """Put the second round trip's replies (after its loads) in place of the NOSCRIPT ones,
+    and its last ``after`` replies in place of the first trip's."""
+    calls_end = len(retried) - after
+    for i, reply in zip(again, retried[calls_end - len(again):calls_end], strict=True):
         replies[skip + i] = reply
+    if after:
+        replies[len(replies) - after:] = retried[calls_end:]
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _single_record(call: ScriptCall[Any]) -> str | None:
-    """The record key of the one job an enqueue call stores (None for other calls). A call
-    sent on a connection that broke before its reply may have run; sent again, it would
-    write the job a second time, and could undo a worker's lease of it. So before it is
-    sent again the record is looked for: if there, the call ran (a script is all or
-    nothing) and its reply would have been 1, the jobs stored."""
-    if call.name != "enqueue" or len(call.args) != call.fixed + 2:
-        return None
-    return f"{call.keys[0]}{_text(call.args[call.fixed])}"
+def _request_id() -> str:
+    """64 random bits naming one request (from the process's PRNG, seeded from the OS)."""
+    return f"{random.getrandbits(64):016x}"
+
+
+def _replies_prefix(key: str) -> str:
+    """The kept-reply prefix in the slot of ``key`` (``{tag}...`` -> ``{tag}:reply:``)."""
+    end = key.find("}")
+    return f"{key[:end + 1]}:reply:" if key.startswith("{") and end > 0 else "reply:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +281,48 @@ class ScriptCall(Generic[T]):
     #: how many leading ``args`` are the script's fixed arguments: they repeat from call to
     #: call (same task, same options), so their encoding is made once and reused
     fixed: int = 0
+    #: names this request: the same value sent again returns the reply kept under it (see
+    #: :data:`KEPT_REPLY_MS`); a call built anew is a new request
+    request: str = field(default_factory=_request_id)
+
+    @property
+    def replies(self) -> str:
+        """The prefix under which the script keeps its reply (in the call's slot)."""
+        return _replies_prefix(self.keys[0]) if self.keys else "reply:"
+
+
+class Confirmed:
+    """Request ids whose replies a runner has read, per kept-reply prefix: the next call to
+    the same slot tells the script to delete them (so kept replies cost memory only while a
+    reply is in doubt; those never confirmed expire after :data:`KEPT_REPLY_MS`)."""
+
+    def __init__(self) -> None:
+        self._done: dict[str, list[str]] = {}
+
+    def add(self, call: ScriptCall[Any]) -> None:
+        done = self._done.setdefault(call.replies, [])
+        if len(done) < 4 * FORGET_MAX:
+            done.append(call.request)
+
+    def take(self, prefix: str) -> str:
+        done = self._done.get(prefix)
+        if not done:
+            return ""
+        taken = []
+        try:
+            for _ in range(FORGET_MAX):
+                taken.append(done.pop())
+        except IndexError:  # another thread took the rest
+            pass
+        return " ".join(taken)
+
+
+def wire(call: ScriptCall[Any], forget: str = "") -> tuple[tuple[str, ...], tuple[Arg, ...]]:
+    """The KEYS and ARGV the script receives: the call's own, then the transport's part
+    (see :func:`keep_reply`)."""
+    return (*call.keys, call.replies), (*call.args, forget, KEPT_REPLY_MS, call.request)
+
+
 
 
 class ScriptRunner:
@@ -234,6 +343,7 @@ class ScriptRunner:
         self._pool = getattr(client, "connection_pool", None) if self.pipelined else None
         self._plain = plain.PlainEnqueue()
         self._kept = plain.Kept(self._pool)
+        self._confirmed = Confirmed()
 
     def enqueue_one(self, k: QueueKeys, spec: JobSpec, limits: Limits, job: tuple[str, bytes],
                     call: Callable[[], ScriptCall[list[tuple[str, bool]]]]
@@ -266,7 +376,15 @@ class ScriptRunner:
         """
         if client is None and self._pool is not None and call.name in DIRECT:
             return call.parse(self._send(call, self._pool))
-        reply = self._scripts[call.name](keys=call.keys, args=call.args, client=client)
+        keys, args = wire(call, self._confirmed.take(call.replies))
+        script = self._scripts[call.name]
+        if client is not None:  # a pipeline: it is sent, and its reply read, later
+            return call.parse(script(keys=keys, args=args, client=client))
+        try:
+            reply = script(keys=keys, args=args)
+        except plain.BROKEN:  # sent again, on a fresh connection: see keep_reply
+            reply = script(keys=keys, args=args)
+        self._confirmed.add(call)
         return call.parse(reply)
 
     def _send(self, call: ScriptCall[Any], pool: Any, timed: bool = False,
@@ -278,16 +396,10 @@ class ScriptRunner:
         whether the next enqueue should hand over too (see :mod:`.plain`)."""
         script = self._scripts[call.name]
         conn = pool.get_connection()
-        record, sent = _single_record(call), False
+        forget = self._confirmed.take(call.replies)
         try:
             def once() -> Any:
-                nonlocal sent
-                if sent and record is not None:  # it may have run: see _single_record
-                    conn.send_command("EXISTS", record)
-                    if conn.read_response():
-                        return 1
-                sent = True
-                message = self._packer.pack(call, script.sha)
+                message = self._packer.pack(call, script.sha, forget)
                 if probe is not None:
                     conn.send_packed_command([self._plain.probe(probe), message])
                     self._plain.note_waiters(probe.waiters, _count(conn.read_response))
@@ -305,35 +417,50 @@ class ScriptRunner:
                     raise reply
                 return reply
 
+            # Sent again after a broken connection, the call returns its kept reply if it
+            # ran (see keep_reply): never a second write, which could undo a worker's lease.
             try:
-                return conn.retry.call_with_retry(once, lambda _error: conn.disconnect())
+                reply = conn.retry.call_with_retry(once, lambda _error: conn.disconnect())
             except NoScriptError:  # it did not run
-                sent = False
                 conn.send_command("SCRIPT", "LOAD", script.script)
                 script.sha = _text(conn.read_response())
-                return conn.retry.call_with_retry(once, lambda _error: conn.disconnect())
+                reply = conn.retry.call_with_retry(once, lambda _error: conn.disconnect())
             except plain.BROKEN:
-                if record is None:
-                    raise
-                return once()  # once more: the record check makes a second send safe
+                reply = once()  # once more, on a fresh connection
+            self._confirmed.add(call)
+            return reply
         finally:
             pool.release(conn)
 
     def send_all(self, calls: Sequence[ScriptCall[Any]],
-                 before: Sequence[tuple[Arg, ...]] = ()) -> list[Any]:
-        """Send the commands ``before``, then ``calls``, in one pipelined round trip.
+                 before: Sequence[tuple[Arg, ...]] = (),
+                 after: Sequence[tuple[Arg, ...]] = ()) -> list[Any]:
+        """Send the commands ``before``, then ``calls``, then ``after`` (a ``WAIT``, say),
+        in one pipelined round trip; ``after`` follows the calls again if some are sent
+        again.
 
         Replies come back raw and in order, errors as exception values (nothing raises).
         A call that met a server without its script (NOSCRIPT: nothing of it ran) is sent
         again once the script is loaded.
         """
-        replies = self._pipeline(_first_trip(self._scripts, calls, before))
+        replies = self._pipeline([*_first_trip(self._scripts, calls, before, self._confirmed),
+                                  *after])
         again, commands = _second_trip(self._scripts, calls, replies, len(before))
         if again:
-            _merge(replies, len(before), again, self._pipeline(commands))
+            _merge(replies, len(before), again, self._pipeline([*commands, *after]),
+                   len(after))
+        _confirm(self._confirmed, calls, replies[:len(replies) - len(after)], len(before))
         return replies
 
     def _pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        """Send ``commands`` in one round trip; once more if the connection broke (every
+        script call in them is a request whose reply is kept, see :func:`keep_reply`)."""
+        try:
+            return self._pipeline_once(commands)
+        except plain.BROKEN:
+            return self._pipeline_once(commands)
+
+    def _pipeline_once(self, commands: Sequence[Command]) -> list[Any]:
         with self._client.pipeline(transaction=False) as pipe:
             for command in commands:
                 pipe.execute_command(*command)
@@ -341,7 +468,8 @@ class ScriptRunner:
 
     def queue(self, call: ScriptCall[Any], pipeline: Any) -> None:
         """Add ``call`` to ``pipeline``; its raw reply appears in ``pipeline.execute()``."""
-        self._scripts[call.name](keys=call.keys, args=call.args, client=pipeline)
+        keys, args = wire(call)
+        self._scripts[call.name](keys=keys, args=args, client=pipeline)
 
 
 class AsyncScriptRunner:
@@ -356,6 +484,7 @@ class AsyncScriptRunner:
         self._pool = client.connection_pool if self.pipelined else None
         self._plain = plain.PlainEnqueue()
         self._kept = plain.AsyncKept(self._pool)
+        self._confirmed = Confirmed()
 
     async def enqueue_one(self, k: QueueKeys, spec: JobSpec, limits: Limits,
                           job: tuple[str, bytes],
@@ -382,9 +511,13 @@ class AsyncScriptRunner:
     async def run(self, call: ScriptCall[T], client: Any = None) -> T:
         if client is None and self._pool is not None and call.name in DIRECT:
             return call.parse(await self._send(call, self._pool))
-        reply = await self._scripts[call.name](
-            keys=call.keys, args=call.args, client=client
-        )
+        keys, args = wire(call, self._confirmed.take(call.replies))
+        script = self._scripts[call.name]
+        try:
+            reply = await script(keys=keys, args=args, client=client)
+        except plain.BROKEN:  # sent again, on a fresh connection: see keep_reply
+            reply = await script(keys=keys, args=args, client=client)
+        self._confirmed.add(call)
         return call.parse(reply)
 
     async def _send(self, call: ScriptCall[Any], pool: Any, timed: bool = False,
@@ -392,16 +525,10 @@ class AsyncScriptRunner:
         """The async twin of :meth:`ScriptRunner._send`."""
         script = self._scripts[call.name]
         conn = await pool.get_connection()
-        record, sent = _single_record(call), False
+        forget = self._confirmed.take(call.replies)
         try:
             async def once() -> Any:
-                nonlocal sent
-                if sent and record is not None:
-                    await conn.send_command("EXISTS", record)
-                    if await conn.read_response():
-                        return 1
-                sent = True
-                message = self._packer.pack(call, script.sha)
+                message = self._packer.pack(call, script.sha, forget)
                 if probe is not None:
                     await conn.send_packed_command([self._plain.probe(probe), message])
                     self._plain.note_waiters(probe.waiters, await _acount(conn.read_response))
@@ -423,29 +550,39 @@ class AsyncScriptRunner:
                 await conn.disconnect()
 
             try:
-                return await conn.retry.call_with_retry(once, drop)
+                reply = await conn.retry.call_with_retry(once, drop)
             except NoScriptError:  # it did not run
-                sent = False
                 await conn.send_command("SCRIPT", "LOAD", script.script)
                 script.sha = _text(await conn.read_response())
-                return await conn.retry.call_with_retry(once, drop)
+                reply = await conn.retry.call_with_retry(once, drop)
             except plain.BROKEN:
-                if record is None:
-                    raise
-                return await once()
+                reply = await once()
+            self._confirmed.add(call)
+            return reply
         finally:
             await pool.release(conn)
 
     async def send_all(self, calls: Sequence[ScriptCall[Any]],
-                       before: Sequence[tuple[Arg, ...]] = ()) -> list[Any]:
+                       before: Sequence[tuple[Arg, ...]] = (),
+                       after: Sequence[tuple[Arg, ...]] = ()) -> list[Any]:
         """The async twin of :meth:`ScriptRunner.send_all`."""
-        replies = await self._pipeline(_first_trip(self._scripts, calls, before))
+        replies = await self._pipeline([*_first_trip(self._scripts, calls, before,
+                                                     self._confirmed), *after])
         again, commands = _second_trip(self._scripts, calls, replies, len(before))
         if again:
-            _merge(replies, len(before), again, await self._pipeline(commands))
+            _merge(replies, len(before), again, await self._pipeline([*commands, *after]),
+                   len(after))
+        _confirm(self._confirmed, calls, replies[:len(replies) - len(after)], len(before))
         return replies
 
     async def _pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        """The async twin of :meth:`ScriptRunner._pipeline`."""
+        try:
+            return await self._pipeline_once(commands)
+        except plain.BROKEN:
+            return await self._pipeline_once(commands)
+
+    async def _pipeline_once(self, commands: Sequence[Command]) -> list[Any]:
         async with self._client.pipeline(transaction=False) as pipe:
             for command in commands:
                 pipe.execute_command(*command)

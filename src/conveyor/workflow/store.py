@@ -109,11 +109,9 @@ def store(app: Conveyor, wf: Workflow) -> WorkflowHandle:
     queues = [q for q, _, _ in p.calls]
     stored: list[str] = []
     if app.scripts.pipelined:
-        with app.redis.pipeline(transaction=False) as pipe:
-            pipe.sadd(keyspace.queues_key(app.namespace), *queues)
-            for _, call, _ in p.calls:
-                app.scripts.queue(call, pipe)
-            replies: list[Any] = pipe.execute(raise_on_error=False)
+        register = ("SADD", keyspace.queues_key(app.namespace), *queues)
+        replies: list[Any] = app.scripts.send_all([call for _, call, _ in p.calls],
+                                                  before=[register])
         # Calls in a pipeline run whatever the others do: those that failed may be any.
         errors = [r for r in replies if isinstance(r, Exception)]
         stored = [q for (q, _, _), r in zip(p.calls, replies[1:], strict=True)
