@@ -10,6 +10,9 @@ delayed jobs come due without sleeping, and the expiry of records that carry a T
 once with DEL, as Redis would do it when the TTL runs out). After each step, for every job:
 its state and attempts, progress and recorded steps; and for the queue: the ready count,
 jobs active per task, the lease, delayed and dead sets, and which job holds each dedupe key.
+The model's rules are DESIGN's, not a reading of the scripts: a dedupe key is held by the
+one unfinished job enqueued with it (also one requeued from the dead letters), and no two
+unfinished jobs ever share a key.
 
 Workflows join in: small DAGs stored by ``workflow_enqueue``, their hand-overs drained
 (``conveyor.workflow.handover``) and repeated (a second drainer, a retried release); the
@@ -77,6 +80,7 @@ class Model:
     lease: float = 0.0  # ms, while active
     tokens: list[str] = field(default_factory=list)  # every token handed out, last current
     key: str = ""  # dedupe key it was enqueued with
+    dead_at: float = 0.0  # ms, when it last died: the dead set's order (then by id)
     cancel: bool = False  # a cancel was asked while it ran
     snoozes: int = 0
     progress: float | None = None
@@ -116,7 +120,6 @@ class QueueMachine(RuleBasedStateMachine):
         self.limits = calls.Limits(snooze_cap=SNOOZE_CAP)
         self.now = 1_800_000_000_000.0
         self.jobs: dict[str, Model] = {}
-        self.keys: dict[str, str] = {}  # dedupe key -> the job holding it
         self.paused = False
         self.serial = 0
         self.cap: int | None = None  # the queue's concurrency cap
@@ -171,7 +174,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.serial += 1
             batch.append((f"j{self.serial}", b"[[],{}]"))
         stored = self.run(calls.enqueue(self.k, spec, batch, self.limits, now=self.now))
-        holder = self.keys.get(key) if key else None
+        holder = self._holder(key) if key else None
         if holder is not None:
             assert stored == [(holder, False)], (stored, holder)
             return
@@ -181,8 +184,6 @@ class QueueMachine(RuleBasedStateMachine):
             self.jobs[short_id] = Model("scheduled" if delay else "ready", task, priority,
                                         attempts, tenant, due=self.now + delay, key=key,
                                         order=None if delay else self.serial - n + 1 + i)
-        if key:
-            self.keys[key] = batch[0][0]
         self._check_hand_off(0 if delay else len(batch))
 
     @rule(task=st.sampled_from(TASKS), priority=st.sampled_from([5, 5, 0, 7, 9]),
@@ -419,7 +420,19 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(data=st.data(), outcome=st.sampled_from(["ok", "retry", "dead", "snooze"]),
           stale=st.booleans(), retry_ms=st.sampled_from([0, 700]))
     def finish(self, data: st.DataObject, outcome: str, stale: bool, retry_ms: int) -> None:
-        short_id = data.draw(st.sampled_from(self._active()))
+        self._finish(data.draw(st.sampled_from(self._active())), outcome, stale, retry_ms)
+
+    @rule(data=st.data(), count=st.integers(1, 3))
+    def run_and_finish(self, data: st.DataObject, count: int) -> None:
+        """A worker's usual round: a fetch, then an outcome for every job it leased (so that
+        runs end, and jobs reach the dead letters, in most examples, not a few)."""
+        before = set(self._active())
+        self.fetch(count, as_waiter=False)
+        for short_id in sorted(set(self._active()) - before):
+            self._finish(short_id, data.draw(st.sampled_from(["ok", "retry", "dead", "dead"])),
+                         False, data.draw(st.sampled_from([0, 700])))
+
+    def _finish(self, short_id: str, outcome: str, stale: bool, retry_ms: int) -> None:
         model = self.jobs[short_id]
         token = model.tokens[-1]
         if stale:
@@ -512,13 +525,23 @@ class QueueMachine(RuleBasedStateMachine):
         elif model.state == "active":
             model.cancel = True
 
+    @precondition(lambda self: any(j.state == "dead" for j in self.jobs.values()))
     @rule()
     def requeue_dead(self) -> None:
-        dead = [i for i, j in self.jobs.items() if j.state == "dead"]
-        assert self.run(calls.requeue_dead(self.k, [])) == len(dead)
-        for short_id in dead:
-            self.jobs[short_id].state, self.jobs[short_id].attempts = "ready", 0
+        """Dead jobs, oldest first, get fresh attempts; a keyed one is unfinished again, so
+        it holds its key, and stays dead when another unfinished job holds it (DESIGN §2:
+        one unfinished job per key)."""
+        dead = sorted((j.dead_at, i) for i, j in self.jobs.items() if j.state == "dead")
+        requeued = 0
+        for _, short_id in dead:
+            model = self.jobs[short_id]
+            if model.key and self._holder(model.key) is not None:
+                continue
+            model.state, model.attempts = "ready", 0
+            requeued += 1
+        assert self.run(calls.requeue_dead(self.k, [])) == requeued
 
+    @precondition(lambda self: any(j.state == "dead" for j in self.jobs.values()))
     @rule()
     def purge_dead(self) -> None:
         dead = [i for i, j in self.jobs.items() if j.state == "dead"]
@@ -526,12 +549,18 @@ class QueueMachine(RuleBasedStateMachine):
         for short_id in dead:
             del self.jobs[short_id]
 
+    def _holder(self, key: str) -> str | None:
+        """The job an enqueue with dedupe ``key`` returns (DESIGN §2): the unfinished job
+        enqueued with it, if any. Never two: the invariant checks it."""
+        return next((i for i, j in self.jobs.items() if j.key == key and j.state in UNFINISHED),
+                    None)
+
     def _set(self, short_id: str, state: str) -> None:
-        """Move a job to ``state``; a job that ends gives up its dedupe key."""
+        """Move a job to ``state``."""
         model = self.jobs[short_id]
         model.state = state
-        if state in FINAL and model.key and self.keys.get(model.key) == short_id:
-            del self.keys[model.key]
+        if state == "dead":
+            model.dead_at = self.now
         if state in FINAL and model.node:
             model.waiting = False
             self.pending.append(short_id)
@@ -668,9 +697,13 @@ class QueueMachine(RuleBasedStateMachine):
             short_id = event[b"id"].decode()
             assert event.get(b"trace", b"").decode() == self.traces.get(short_id, ""), short_id
         assert int(redis.hget(self.k.counts, "ready") or 0) == len(by_state.get("ready", ()))
+        # One unfinished job per dedupe key, and the key names it (none: the key is free).
         for key in ("k1", "k2"):
+            unfinished = [i for i, j in self.jobs.items()
+                          if j.key == key and j.state in UNFINISHED]
+            assert len(unfinished) <= 1, ("two unfinished jobs share a key", key, unfinished)
             holder = redis.get(self.k.dedupe_prefix + key)
-            assert (holder.decode() if holder else None) == self.keys.get(key), key
+            assert (holder.decode() if holder else None) == self._holder(key), key
         active = {k.decode(): int(v) for k, v in redis.hgetall(self.k.active).items()}
         for task in TASKS:
             running = sum(1 for j in self.jobs.values() if j.state == "active" and j.task == task)

@@ -43,6 +43,10 @@ class DeadLetters:
     def requeue(self, job_id: str | None = None) -> int:
         """Give dead jobs fresh attempts; one by id, or all when ``job_id`` is None.
 
+        A job enqueued with a ``key`` takes its key back. One whose key another unfinished
+        job took while it was dead stays dead (two unfinished jobs never share a key), as
+        does one whose record cannot be requeued as it stands; neither is counted.
+
         :returns: the number of jobs requeued
         """
         if job_id is not None:
@@ -50,9 +54,14 @@ class DeadLetters:
             if queue != self.queue:
                 raise ValueError(f"job {job_id} belongs to queue {queue!r}, not {self.queue!r}")
             return self.app.scripts.run(calls.requeue_dead(self._keys, [short]))
-        total = 0
-        while n := self.app.scripts.run(calls.requeue_dead(self._keys, [], BATCH)):
-            total += n
+        # Page through the set by rank: the jobs a batch leaves dead keep their places at
+        # the front, so the next page starts after them (else a batch of them would stop
+        # the walk with the rest never tried).
+        total = kept = 0
+        while raw := self.app.redis.zrange(self._keys.dead, kept, kept + BATCH - 1):
+            ids = [untrusted.text(i) or "" for i in raw]
+            total += self.app.scripts.run(calls.requeue_dead(self._keys, ids))
+            kept += sum(score is not None for score in self.app.redis.zmscore(self._keys.dead, raw))
         return total
 
     def purge(self) -> int:

@@ -35,7 +35,7 @@ KEYS: dict[str, tuple[str, ...]] = {
                 "active", "wake", "running", "parked", "limits"),
     "cancel": ("job_prefix", "delayed", "counts", "dedupe_prefix", "cancelling"),
     "requeue_dead": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "dead",
-                     "counts", "wake"),
+                     "counts", "wake", "dedupe_prefix"),
     "purge_dead": ("job_prefix", "dead"),
     "progress": ("job_prefix",),
     "step": ("job_prefix",),

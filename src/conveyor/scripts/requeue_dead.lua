@@ -1,5 +1,11 @@
 #!lua
 -- Give dead jobs a new life: fresh attempts, back at the end of their ready lists.
+-- A job enqueued with a dedupe key is unfinished again, so it takes its key back (an
+-- enqueue with the key then returns it). When another job took the key while this one was
+-- dead (an enqueue with the key returns that one), requeueing it would leave two unfinished
+-- jobs with one key: it stays in the dead set as it is, and is not counted. So does a job
+-- whose record cannot be requeued as it stands: no hash (written over by hand), a
+-- priority that is no 0-9, a dedupe key that cannot be read.
 --
 -- KEYS[1] job_prefix
 -- KEYS[2] ready_prefix
@@ -8,16 +14,31 @@
 -- KEYS[5] dead
 -- KEYS[6] counts
 -- KEYS[7] wake
+-- KEYS[8] dedupe_prefix
 -- ARGV[1] limit   with no ids: requeue up to this many of the oldest dead jobs
 -- ARGV[2..] ids   short ids to requeue (those not in the dead set are skipped)
 -- Returns: number of jobs requeued
 --@include clock
 --@include ready
+--@include keyed
+--@include key_types
 
 local job_prefix, ready_prefix, ring_prefix, priorities = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local dead, counts, wake = KEYS[5], KEYS[6], KEYS[7]
+local dead, counts, wake, dedupe_prefix = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local limit = tonumber(ARGV[1])
 if not limit or limit < 1 then return redis.error_reply('ERR requeue_dead: limit must be >= 1') end
+local wrong = wrong_key_type('requeue_dead', { priorities, 'zset', dead, 'zset', counts, 'hash' })
+if wrong then return redis.error_reply(wrong) end
+
+-- Whether dead job `id`, its record's fields f (HMGET below), may be requeued: its priority
+-- is one a ready list can have, and its dedupe key (if any) is free or its own. A key
+-- that cannot be read (another type) is taken as held.
+local function requeueable(f, id)
+  if f[2] and not string.match(f[2], '^%d$') then return false end
+  if not f[4] or f[4] == '' then return true end
+  local ok, holder = pcall(key_holder, job_prefix, dedupe_prefix, f[4])
+  return ok and (holder == nil or holder == id)
+end
 
 local ids = {}
 if #ARGV > 1 then
@@ -27,15 +48,20 @@ else
 end
 local now_s, requeued = seconds(now_ms('')), 0
 for _, id in ipairs(ids) do
-  if redis.call('ZREM', dead, id) == 1 then
-    local key = job_prefix .. id
-    local f = redis.call('HMGET', key, 's', 'p', 'tenant')
-    if f[1] then
-      redis.call('HSET', key, 's', 'ready', 'attempts', 0, 'token', '', 'run_at', now_s)
-      redis.call('HDEL', key, 'started_at', 'finished_at')
-      push_ready(ready_prefix, ring_prefix, priorities, id, f[2] or '5', f[3] or '', false)
-      requeued = requeued + 1
-    end
+  local key = job_prefix .. id
+  local f = false  -- the record's fields, for an id in the dead set
+  if redis.call('ZSCORE', dead, id) then
+    f = redis.pcall('HMGET', key, 's', 'p', 'tenant', 'key')
+  end
+  if f and not f.err and not f[1] then
+    redis.call('ZREM', dead, id)  -- its record is gone: nothing left to requeue
+  elseif f and not f.err and requeueable(f, id) then
+    redis.call('ZREM', dead, id)
+    redis.call('HSET', key, 's', 'ready', 'attempts', 0, 'token', '', 'run_at', now_s)
+    redis.call('HDEL', key, 'started_at', 'finished_at')
+    if f[4] and f[4] ~= '' then redis.call('SET', dedupe_prefix .. f[4], id) end
+    push_ready(ready_prefix, ring_prefix, priorities, id, f[2] or '5', f[3] or '', false)
+    requeued = requeued + 1
   end
 end
 made_ready(counts, wake, requeued)

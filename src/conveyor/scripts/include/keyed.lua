@@ -3,6 +3,15 @@
 -- window from the first enqueue, even after that job finished).
 --@include clock
 
+-- The job that holds dedupe key `key`, or nil when the key is free: it names no job, or
+-- one whose record is gone. An enqueue with the key returns that job; a job requeued from
+-- the dead letters takes the key back only when it is free (requeue_dead.lua).
+local function key_holder(job_prefix, dedupe_prefix, key)
+  local holder = redis.call('GET', dedupe_prefix .. key)
+  if not holder or redis.call('EXISTS', job_prefix .. holder) == 0 then return nil end
+  return holder
+end
+
 -- The job an enqueue with `key` returns instead of creating one, or nil to create one.
 -- k: { job_prefix, dedupe_prefix, throttle_prefix, delayed }; o: { key, args, now,
 -- debounce_ms, throttle } (debounce_ms nil when the enqueue does not debounce).
@@ -11,8 +20,8 @@ local function keyed_existing(k, o)
     local held = redis.call('GET', k.throttle_prefix .. o.key)
     if held then return held end
   end
-  local existing = redis.call('GET', k.dedupe_prefix .. o.key)
-  if not existing or redis.call('EXISTS', k.job_prefix .. existing) == 0 then return nil end
+  local existing = key_holder(k.job_prefix, k.dedupe_prefix, o.key)
+  if not existing then return nil end
   if not o.debounce_ms then return existing end
   local job = k.job_prefix .. existing
   local f = redis.call('HMGET', job, 's', 'debounce_until')
