@@ -15,7 +15,7 @@ import pytest
 
 from conveyor.chaos.faults import Fault
 from conveyor.chaos.invariants import Check, Counters, Evidence, JobRecord, check
-from conveyor.chaos.tasks import LedgerEntry
+from conveyor.chaos.tasks import LedgerEntry, parse_entry
 from helpers import env_with_src
 
 
@@ -74,9 +74,10 @@ def test_short_run_on_a_sentinel_set_fails_over_and_holds_every_invariant(
 
 # -- the checker on hand-made evidence ---------------------------------------------------
 
-def _run(label: str, run: str, pid: int = 100, ok: bool = True) -> list[LedgerEntry]:
-    return [LedgerEntry(label, run, pid, "start")] + (
-        [LedgerEntry(label, run, pid, "ok")] if ok else [])
+def _run(label: str, run: str, pid: int = 100, ok: bool = True, job: str = ""
+         ) -> list[LedgerEntry]:
+    return [LedgerEntry(label, run, pid, "start", job)] + (
+        [LedgerEntry(label, run, pid, "ok", job)] if ok else [])
 
 
 def healthy() -> Evidence:
@@ -122,7 +123,8 @@ def test_checker_fails_on_a_double_success() -> None:
 def test_checker_fails_on_a_run_without_a_lease_and_on_unbounded_reexecutions() -> None:
     ev = healthy()
     ev.ledger += _run("work:1", "r9", pid=102)  # a second run, but only one attempt leased
-    assert "every run had a lease of its own (runs <= attempts)" in failed(check(ev)[0])
+    assert ("every run had a lease of its own (runs <= attempts + refunded)"
+            in failed(check(ev)[0]))
     ev = healthy()
     ev.faults = []  # a lease was lost, yet nothing could have cost it
     assert failed(check(ev)[0]) == {"re-executions <= lost leases <= faults' reach"}
@@ -172,3 +174,47 @@ def test_checker_fails_on_a_leaked_running_count() -> None:
     ev.counters["chaos"] = dataclasses.replace(ev.counters["chaos"], running=1,
                                                running_tenants={"t1": 1})
     assert failed(check(ev)[0]) == {"limits' running counts equal the leases"}
+
+
+CHARGED = "no attempt charged without a run (attempts + refunded <= runs)"
+
+
+def test_checker_fails_on_an_attempt_charged_without_a_run() -> None:
+    """A job leased twice and run once (a fetch whose reply was lost leased it to nobody)
+    was charged an attempt it did not run."""
+    ev = healthy()
+    ev.jobs[0] = dataclasses.replace(ev.jobs[0], attempts=2, error="lease expired")
+    checks, summary = check(ev)
+    assert CHARGED in failed(checks)
+    assert summary.charged_without_run == 1
+
+
+def test_checker_counts_attempts_given_back_for_runs_that_started() -> None:
+    """A run handed back by a stopping worker gave its attempt back (the record counts an
+    interruption): two runs, one attempt, one refund hold; without the refund the second
+    run had no lease, with a refund too many an attempt was charged without a run."""
+    ev = healthy()
+    ev.ledger += _run("work:1", "r9", pid=102, ok=False)
+    ev.jobs[0] = dataclasses.replace(ev.jobs[0], refunds=1)
+    checks, summary = check(ev)
+    assert failed(checks) == set() and summary.charged_without_run == 0
+    ev.jobs[0] = dataclasses.replace(ev.jobs[0], refunds=2)
+    assert failed(check(ev)[0]) == {CHARGED}
+
+
+def test_checker_fails_on_a_job_stored_twice() -> None:
+    """An enqueue sent again after its reply was lost stored a second copy: the label
+    runs under a job id other than the one the enqueue returned."""
+    ev = healthy()
+    ev.ledger = [dataclasses.replace(e, job="chaos~a") if e.label == "work:1" else e
+                 for e in ev.ledger]
+    assert failed(check(ev)[0]) == set()
+    ev.ledger += _run("work:1", "r9", pid=102, job="chaos~z")
+    assert failed(check(ev)[0]) == {"every job stored once (each label runs as one job)"}
+
+
+def test_ledger_entries_carry_the_job_id() -> None:
+    assert parse_entry(b"work:1 ab12 77 start chaos~x1") == LedgerEntry(
+        "work:1", "ab12", 77, "start", "chaos~x1")
+    assert parse_entry("work:1 ab12 77 ok -").job == ""
+    assert parse_entry("work:1 ab12 77 ok").job == ""

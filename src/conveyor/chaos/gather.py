@@ -18,6 +18,9 @@ __all__ = ["counters", "job_records", "ledger_entries", "states", "stray_records
            "successes"]
 
 CHUNK = 2000
+# Record fields counting attempts given back for runs that started: a stopping worker's
+# hand-back of a running job (release.lua), a snooze (finish.lua).
+REFUNDS = ("interruptions", "snoozes")
 
 
 def _text(value: Any) -> str | None:
@@ -68,11 +71,14 @@ def job_records(client: Any, keys: Callable[[str], QueueKeys],
     for part in _chunks(items):
         with client.pipeline(transaction=False) as pipe:
             for _, (_, job) in part:
-                pipe.hmget(keys(job.queue).job(job.short_id), STATE, "attempts", "error")
+                pipe.hmget(keys(job.queue).job(job.short_id), STATE, "attempts", "error",
+                           *REFUNDS)
             replies = pipe.execute()
-        for (label, (kind, job)), (state, attempts, error) in zip(part, replies, strict=True):
+        for (label, (kind, job)), (state, attempts, error, *refunds) in zip(part, replies,
+                                                                           strict=True):
             out.append(JobRecord(label, kind, job.id, _text(state), int(attempts or 0),
-                                 _text(error), wins[job.queue][job.short_id]))
+                                 _text(error), wins[job.queue][job.short_id],
+                                 sum(int(n or 0) for n in refunds)))
     return out
 
 

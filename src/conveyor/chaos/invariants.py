@@ -8,8 +8,15 @@ The promises (DESIGN §5):
   ``cancelled``, and no job record is left unfinished;
 * only poison jobs end dead, and every poison job does;
 * at most one success is recorded per job, and each success had a run that completed;
-* every run had a lease of its own (runs <= attempts), no job ran twice at once in one
-  process, and the leases lost stay within what the faults could cost;
+* a job is stored once however often its enqueue was sent: each label runs under one job
+  id (an enqueue whose reply was lost, sent again, must not store a second copy);
+* every run had a lease of its own, no job ran twice at once in one process, and the
+  leases lost stay within what the faults could cost;
+* an attempt is charged only for a run that started: the attempts a record counts, plus
+  those it gave back for runs that started (``interruptions``: handed back by a stopping
+  worker; ``snoozes``), equal the runs the ledger shows. A job leased and never run (a
+  fetch whose reply was lost, a hand-off to a dead worker) must have its attempt given
+  back, which leaves no trace: its lease and its refund cancel out;
 * the counters (ready, active per task, dead letters, the limits' running counts) equal
   what the records say;
 * a workflow's job never starts before each of its parents completed a run.
@@ -41,6 +48,9 @@ class JobRecord:
     :param attempts: runs leased, as the record counts them
     :param error: the record's last error
     :param successes: ``succeeded`` events the queue's stream holds for the job
+    :param refunds: attempts given back for runs that started, as the record counts them
+        (``interruptions`` + ``snoozes``); an attempt given back for a job that never
+        started is not counted anywhere, and needs not be: it undid its lease
     """
 
     label: str
@@ -50,6 +60,7 @@ class JobRecord:
     attempts: int
     error: str | None
     successes: int
+    refunds: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +98,7 @@ class Check:
     name: str
     held: bool
     detail: str
+    offending: tuple[str, ...] = ()  # every offending job of a failed check (detail: a few)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +107,14 @@ class Summary:
     poison: int
     runs: int
     reexecutions: int  # runs of work jobs beyond one each
-    lost_leases: int  # attempts of work jobs beyond one each (every one a lost lease)
+    # leases of work jobs beyond one each: attempts, and those given back for runs that
+    # started (a run a stopping worker handed back), beyond one (each one a lost lease or
+    # a run handed back: a work task never fails)
+    lost_leases: int
     bound: int  # leases the faults could cost: the sum of their reaches
     lost_jobs: int  # jobs not in a final state
     states: dict[str, int]
+    charged_without_run: int = 0  # attempts + refunds beyond the runs started, all jobs
 
 
 def _names(items: Iterable[str]) -> str:
@@ -108,11 +124,21 @@ def _names(items: Iterable[str]) -> str:
 
 
 def _verdict(name: str, bad: list[str], ok: str) -> Check:
-    return Check(name, not bad, ok if not bad else f"{len(bad)}: {_names(bad)}")
+    return Check(name, not bad, ok if not bad else f"{len(bad)}: {_names(bad)}", tuple(bad))
 
 
-def _runs(ledger: list[LedgerEntry]) -> Counter[str]:
-    return Counter(e.label for e in ledger if e.phase == "start")
+def _runs(ev: Evidence) -> Counter[str]:
+    """Runs started per label, of the job the producer knows by that label: a start
+    written under another job id is a run of a second copy (see :func:`_stored_once`)."""
+    ids = {j.label: j.id for j in ev.jobs}
+    return Counter(e.label for e in ev.ledger if e.phase == "start"
+                   and (not e.job or e.job == ids.get(e.label, e.job)))
+
+
+def _charged(j: JobRecord, runs: Counter[str]) -> int:
+    """Attempts charged to ``j`` without a run: those its record counts, plus those it
+    gave back for runs that started, beyond the runs the ledger shows."""
+    return max(0, j.attempts + j.refunds - runs[j.label])
 
 
 def _overlaps(ledger: list[LedgerEntry]) -> list[str]:
@@ -182,14 +208,40 @@ def _successes(ev: Evidence, runs: Counter[str]) -> list[Check]:
     doubles = [f"{_describe(j)}: {j.successes} successes" for j in ev.jobs if j.successes > 1]
     unfounded = [_describe(j) for j in ev.jobs
                  if j.state == "succeeded" and j.label not in completed]
-    extra_runs = [f"{_describe(j)}: {runs[j.label]} runs" for j in ev.jobs
-                  if runs[j.label] > j.attempts]
+    extra_runs = [f"{_describe(j)}, {j.refunds} refunded: {runs[j.label]} runs"
+                  for j in ev.jobs if runs[j.label] > j.attempts + j.refunds]
+    charged = [f"{_describe(j)}, {j.refunds} refunded: {runs[j.label]} run(s)"
+               + (f" (last error: {j.error.splitlines()[0][:80]})" if j.error else "")
+               for j in ev.jobs if _charged(j, runs)]
     return [
         _verdict("at most one success recorded per job", doubles, "none twice"),
         _verdict("every success had a run that completed", unfounded, "all did"),
-        _verdict("every run had a lease of its own (runs <= attempts)", extra_runs, "all did"),
+        _stored_once(ev),
+        _verdict("every run had a lease of its own (runs <= attempts + refunded)", extra_runs,
+                 "all did"),
+        _verdict("no attempt charged without a run (attempts + refunded <= runs)", charged,
+                 "none"),
         _verdict("no job ran twice at once in one process", _overlaps(ev.ledger), "none"),
     ]
+
+
+def _stored_once(ev: Evidence) -> Check:
+    """Each label's runs name one job: the one its enqueue returned. A run under another id
+    is a second copy of the job, stored by an enqueue sent again after a reply was lost (or
+    by an enqueue that raised, then was sent again, having stored its jobs after all)."""
+    ids = {j.label: j.id for j in ev.jobs}
+    found: dict[str, set[str]] = {}
+    for e in ev.ledger:
+        if e.phase == "start" and e.job:
+            found.setdefault(e.label, set()).add(e.job)
+    twice = []
+    for label, jobs in found.items():
+        copies = jobs | ({ids[label]} if label in ids else set())
+        if len(copies) > 1:
+            returned = f" (its enqueue returned {ids[label]})" if label in ids else ""
+            twice.append(f"{label} ran as {', '.join(sorted(jobs))}{returned}")
+    return _verdict("every job stored once (each label runs as one job)", twice,
+                    f"{len(found)} labels ran, each as one job")
 
 
 def _bound(summary: Summary) -> Check:
@@ -239,24 +291,25 @@ def _order(ev: Evidence) -> Check:
 
 
 def summarize(ev: Evidence) -> Summary:
-    runs = _runs(ev.ledger)
+    runs = _runs(ev)
     work = [j for j in ev.jobs if j.kind == "work"]
     return Summary(
         jobs=len(ev.jobs),
         poison=len(ev.jobs) - len(work),
         runs=sum(runs.values()),
         reexecutions=sum(max(0, runs[j.label] - 1) for j in work),
-        lost_leases=sum(max(0, j.attempts - 1) for j in work),
+        lost_leases=sum(max(0, j.attempts + j.refunds - 1) for j in work),
         bound=sum(f.reach for f in ev.faults),
         lost_jobs=sum(j.state not in FINAL for j in ev.jobs),
         states=dict(Counter(j.state or "missing" for j in ev.jobs)),
+        charged_without_run=sum(_charged(j, runs) for j in ev.jobs),
     )
 
 
 def check(ev: Evidence) -> tuple[list[Check], Summary]:
     """Every promise, held or not, and the figures of the run."""
     summary = summarize(ev)
-    runs = _runs(ev.ledger)
+    runs = _runs(ev)
     per_queue = [check for i, (queue, c) in enumerate(ev.counters.items())
                  for check in _counters(c, queue if i else "")]
     checks = [*_outcomes(ev), *_successes(ev, runs), _bound(summary), *per_queue, _order(ev)]

@@ -12,7 +12,7 @@ from rich.table import Table
 from .faults import FAULT_KINDS, Fault
 from .invariants import Check, Summary
 
-__all__ = ["print_report", "write_fault_log"]
+__all__ = ["print_report", "write_failures", "write_fault_log"]
 
 
 def faults_table(faults: list[Fault], skipped: dict[str, str]) -> Table:
@@ -53,6 +53,7 @@ def summary_table(s: Summary, seed: int, seconds: float, extra: dict[str, str]) 
         ("jobs", f"{s.jobs} ({s.poison} poison): {states}"),
         ("runs", str(s.runs)),
         ("re-executions", f"{s.reexecutions} (work jobs' runs beyond one each)"),
+        ("attempts charged without a run", str(s.charged_without_run)),
         ("lost leases", f"{s.lost_leases} (bound by the faults' reach: {s.bound})"),
         ("lost", str(s.lost_jobs)),
         *extra.items(),
@@ -74,4 +75,13 @@ def print_report(console: Console, faults: list[Fault], skipped: dict[str, str],
 def write_fault_log(path: Path, seed: int, faults: list[Fault]) -> None:
     lines = [f"seed {seed}"] + [f"{f.at:8.2f} s  {f.kind:<16} {f.detail}  (reach {f.reach})"
                                 for f in faults]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_failures(path: Path, checks: list[Check]) -> None:
+    """Each failed check with every offending job, one a line (the report names a few)."""
+    lines = []
+    for c in checks:
+        if not c.held:
+            lines += [f"FAILED {c.name}", *(f"  {item}" for item in c.offending or (c.detail,))]
     path.write_text("\n".join(lines) + "\n")

@@ -1,9 +1,10 @@
 """The tasks a chaos run executes, and the ledger they write.
 
 Every run of a task appends entries to a ledger kept on a separate redis-server that
-suffers no faults: ``"<label> <run> <pid> start"`` when the run begins and ``"<label> <run>
-<pid> ok"`` or ``"... raise"`` when it ends (a run killed with its process writes no end).
-``label`` names the job (the run enqueues each job with a label of its own), ``run`` is a
+suffers no faults: ``"<label> <run> <pid> start <job id>"`` when the run begins and
+``"<label> <run> <pid> ok <job id>"`` or ``"... raise ..."`` when it ends (a run killed with
+its process writes no end). ``label`` names the job (the run enqueues each job with a label
+of its own, so a job stored twice shows as one label under two job ids), ``run`` is a
 random id of this run. After the run the ledger is compared with what conveyor recorded.
 
 Worker processes import this module as ``conveyor.chaos.tasks:app`` and find the servers
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 import redis
 
 from ..app import Conveyor
+from ..context import current_job
 from ..task import Task
 
 __all__ = ["KINDS", "LEDGER_KEY", "POISON", "QUEUE", "QUEUES", "SIDE_QUEUE", "ChaosTasks",
@@ -57,6 +59,7 @@ class LedgerEntry:
     run: str
     pid: int
     phase: str  # start | ok | raise
+    job: str = ""  # the id of the job the run was for ("" in entries written without it)
 
     @property
     def kind(self) -> str:
@@ -65,8 +68,8 @@ class LedgerEntry:
 
 def parse_entry(raw: bytes | str) -> LedgerEntry:
     text = raw.decode() if isinstance(raw, bytes) else raw
-    label, run, pid, phase = text.split(" ")
-    return LedgerEntry(label, run, int(pid), phase)
+    label, run, pid, phase, *job = text.split(" ")
+    return LedgerEntry(label, run, int(pid), phase, job[0] if job and job[0] != "-" else "")
 
 
 class ChaosTasks:
@@ -99,7 +102,11 @@ class ChaosTasks:
                 "exit": self.exits, "hang": self.hangs}[kind]
 
     def _note(self, label: str, run: str, phase: str) -> None:
-        self.ledger.rpush(LEDGER_KEY, f"{label} {run} {os.getpid()} {phase}")
+        try:
+            job = current_job().id
+        except RuntimeError:  # called outside a worker's run (a test calling it directly)
+            job = "-"
+        self.ledger.rpush(LEDGER_KEY, f"{label} {run} {os.getpid()} {phase} {job}")
 
     def _start(self, label: str) -> str:
         run = os.urandom(4).hex()
