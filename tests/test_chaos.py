@@ -4,19 +4,26 @@ double success."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import re
 import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import redis
 
+import conveyor
 from conveyor.chaos.faults import Fault
 from conveyor.chaos.invariants import Check, Counters, Evidence, JobRecord, check
+from conveyor.chaos.proxy import LOST_REPLY_TARGETS, LostReplySpell, open_proxy
 from conveyor.chaos.tasks import LedgerEntry, parse_entry
-from helpers import env_with_src
+from helpers import RedisServer, env_with_src
 
 
 def conveyor_command() -> list[str]:
@@ -46,8 +53,9 @@ def test_short_run_through_the_command_holds_every_invariant(tmp_path: Path) -> 
                  "overwrite"):
         assert f"│ {kind} " in text, f"{kind} was not injected:\n{text}"
     if importlib.util.find_spec("conveyor.faults.proxy") is not None:
-        for kind in ("proxy-blackhole", "proxy-reset"):
+        for kind in ("proxy-blackhole", "proxy-reset", "lost-reply"):
             assert re.search(rf"│ {kind} +│ +\d+ │", text), text
+    assert re.search(r"│\s+attempts charged without a run │ 0\s", text), text
     assert "FAILED" not in text
     assert re.search(r"│\s+lost │ 0\s", text), text
 
@@ -55,19 +63,19 @@ def test_short_run_through_the_command_holds_every_invariant(tmp_path: Path) -> 
 @pytest.mark.timeout(110)
 def test_short_run_on_a_sentinel_set_fails_over_and_holds_every_invariant(
         tmp_path: Path) -> None:
-    """Workers and the run reach Redis through the sentinels; failovers (coordinated: no
+    """Workers and the run reach Redis through the sentinels, one worker and half the
+    producer's batches through proxies that follow the primary; failovers (coordinated: no
     acknowledged write at risk) come among the other faults, which hit the current
-    primary; proxy faults are skipped with a reason; no job is lost or succeeds twice."""
+    primary; no job is lost or succeeds twice."""
     code, text = chaos(tmp_path, "--topology", "sentinel", "--seed", "4243", "--jobs", "120",
                        "--fault-seconds", "10")
     assert code == 0, text
     assert "topology sentinel" in text and "every invariant held" in text
     failovers = re.search(r"│ failover +│ +(\d+) │", text)
     assert failovers is not None and int(failovers.group(1)) >= 1, text
-    for kind in ("redis-kill", "client-kill", "oom", "worker-kill"):
+    for kind in ("redis-kill", "client-kill", "oom", "worker-kill", "proxy-blackhole",
+                 "proxy-reset", "lost-reply"):
         assert re.search(rf"│ {kind} +│ +\d+ │", text), f"{kind} was not injected:\n{text}"
-    for kind in ("proxy-blackhole", "proxy-reset"):
-        assert re.search(rf"│ {kind} +│ +- │ not injected: workers learn the primary", text)
     assert "FAILED" not in text
     assert re.search(r"│\s+lost │ 0\s", text), text
 
@@ -218,3 +226,29 @@ def test_ledger_entries_carry_the_job_id() -> None:
         "work:1", "ab12", 77, "start", "chaos~x1")
     assert parse_entry("work:1 ab12 77 ok -").job == ""
     assert parse_entry("work:1 ab12 77 ok").job == ""
+
+
+def test_the_lost_reply_targets_find_conveyor_s_requests(
+        redis_server: RedisServer, namespace: str) -> None:
+    """The chaos proxies know conveyor's script calls by their SHA: a spell aimed at
+    enqueues loses the reply of a script enqueue and of a plain one (its EXEC)."""
+    link, reason = open_proxy(lambda: ("127.0.0.1", redis_server.port))
+    assert link is not None, reason
+    app = conveyor.Conveyor(f"{link.producer_url}?client_name=x", namespace=namespace)
+    task = app.task(name="chaos.t")(lambda n: n)
+    try:
+        target = LOST_REPLY_TARGETS["enqueue"][0]
+        for _ in range(2):  # registers the queue, reads the server's clock: the next plain
+            task.enqueue(0)  # enqueue is a MULTI ... EXEC
+        for options in ({"tenant": "acme"}, {}):  # a script, then a MULTI ... EXEC
+            with ThreadPoolExecutor(1) as pool:
+                spell = pool.submit(link.lose, target, 1, 5.0, threading.Event())
+                time.sleep(0.2)
+                with contextlib.suppress(redis.exceptions.ConnectionError):
+                    task.options(**options).enqueue(1)  # type: ignore[arg-type]
+                done: LostReplySpell = spell.result(10)
+            assert done.chosen == {"producer": 1}, done
+            assert done.lost == [("producer", "enqueue" if options else "exec")], done
+    finally:
+        app.close()
+        link.close()

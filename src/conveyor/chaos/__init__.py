@@ -4,9 +4,9 @@ A run starts private redis-server processes on loopback (the jobs' server with a
 append-only file fsynced on every write and ``noeviction``; a second one for the ledger,
 which suffers no faults), runs jobs through ``conveyor worker`` processes, injects faults
 at random from a seed (workers SIGKILLed and paused, Redis killed and restarted, its
-connections killed, out-of-memory spells, proxy black holes, poison jobs, cancels), lets
-the queue settle and then checks the ledger the tasks wrote against what conveyor
-recorded (:mod:`conveyor.chaos.invariants`).
+connections killed, out-of-memory spells, proxy black holes, lost replies, poison jobs,
+cancels), lets the queue settle and then checks the ledger the tasks wrote against what
+conveyor recorded (:mod:`conveyor.chaos.invariants`).
 
 The jobs' Redis is one server, or a Sentinel set (a primary, a replica, three sentinels:
 :mod:`~conveyor.chaos.sentinel`) whose faults include coordinated failovers.

@@ -14,6 +14,7 @@ import random
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 import redis
 
 from .fleet import Fleet
+from .proxy import LOST_REPLY_TARGETS, WORKER
 from .servers import CLIENT_NAME, RedisProcess
 from .tasks import POISON_RETRIES, WORK_VT
 
@@ -36,6 +38,8 @@ FAULT_KINDS = {
     "oom": "maxmemory just above used memory for a few seconds (OOM replies)",
     "proxy-blackhole": "proxy between a worker and Redis swallows traffic for a while",
     "proxy-reset": "proxy between a worker and Redis resets its connections",
+    "lost-reply": "proxies let chosen requests (fetch, finish, enqueue, ...) reach Redis,"
+                  " then drop the reply and reset the connection",
     "poison-raise": "a job whose task raises on every attempt",
     "poison-kill": "a job whose task SIGKILLs its worker process",
     "poison-exit": "a job whose task leaves its process with os._exit",
@@ -45,6 +49,9 @@ FAULT_KINDS = {
     "overwrite": "queue keys (wake key, metric buckets, delayed and dead sets) written over",
 }
 MIN_VICTIM_AGE = 1.5  # seconds: a worker still importing is not worth killing
+PROXY_KINDS = ("proxy-blackhole", "proxy-reset", "lost-reply")
+LOST_REPLIES = (1, 3)  # replies a lost-reply spell loses on each proxy, at most (uniform)
+LOST_REPLY_SPELL = (1.0, 3.0)  # seconds a spell lasts, at most (uniform)
 
 PoisonHook = Callable[[str], str | None]  # kind -> label of the job enqueued, or None
 SENTINEL_SPARED = "sentinel-"  # name prefix of the sentinels' connections to a server
@@ -98,7 +105,8 @@ class Injector:
     :param cancel: cancels one delayed job; returns its label, or None if none was found
     :param cancel_running: cancels one running job; its label, or None if none was found
     :param stop: set when the run is aborted (episodes end early)
-    :param proxy: the proxy between one slot and Redis, when the run has one
+    :param proxy: the proxies between one slot (and the producer) and Redis, when the run
+        has them (:class:`~.proxy.ProxyLink`)
     :param limits: changes the queue's limits (cap, tenant cap); None: no such faults
     """
 
@@ -125,7 +133,7 @@ class Injector:
         """The kinds that can be injected in this run (proxy faults need a proxy, failovers
         a Sentinel set)."""
         return {k: w for k, w in kinds.items()
-                if w > 0 and (self.proxy is not None or not k.startswith("proxy-"))
+                if w > 0 and (self.proxy is not None or k not in PROXY_KINDS)
                 and (k != "failover" or self.target.fails_over)
                 and (self.limits_hook is not None or k != "limits")
                 and (self.overwritten_hook is not None or k != "overwrite")}
@@ -180,6 +188,8 @@ class Injector:
         # primary; no acknowledged write is at risk (the replica caught up first).
         with self.redis_lock:
             detail = self.target.failover()
+            if detail is not None and self.proxy is not None:
+                self.proxy.follow()  # its connections to the demoted server end
         return None if detail is None else (detail, self.fleet.capacity)
 
     def _admin(self) -> redis.Redis:
@@ -225,6 +235,23 @@ class Injector:
     def _proxy_reset(self) -> tuple[str, int] | None:
         self.proxy.reset()
         return "connections reset", self.proxy.reach
+
+    def _lost_reply(self) -> tuple[str, int] | None:
+        """For a short spell, the proxies let the next few requests of one kind through
+        and lose their replies: Redis applied each, the client sees its connection reset.
+        A lost reply of the worker's can cost the leases it holds (a fetch whose reply is
+        lost leased jobs nobody holds); the producer's hold none."""
+        names = list(LOST_REPLY_TARGETS)
+        name = self.rng.choices(names, [LOST_REPLY_TARGETS[n][1] for n in names])[0]
+        count = self.rng.randint(*LOST_REPLIES)
+        seconds = round(self.rng.uniform(*LOST_REPLY_SPELL), 2)
+        spell = self.proxy.lose(LOST_REPLY_TARGETS[name][0], count, seconds, self.stop)
+        if not sum(spell.chosen.values()):
+            return None  # no such request in the spell: tried again later
+        lost = Counter(f"{client} {what}" for client, what in spell.lost)
+        what = ", ".join(f"{k} x{v}" for k, v in sorted(lost.items())) or "none yet"
+        return (f"{name}: {len(spell.lost)} of {sum(spell.chosen.values())} chosen lost"
+                f" in {seconds:g} s ({what})", spell.chosen.get(WORKER, 0) * self.proxy.reach)
 
     def _poison(self, kind: str, reach: int) -> tuple[str, int] | None:
         label = self.poison_hook(kind)

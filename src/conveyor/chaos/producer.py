@@ -2,7 +2,12 @@
 one job, then the rest of the batch after it, then one after all of those) while faults
 happen, and the poison jobs and cancels the fault schedule asks for. It keeps every job
 whose enqueue returned: those are the jobs conveyor promises never to lose; and every
-dependency of the workflows it enqueued, which the checks hold the ledger to."""
+dependency of the workflows it enqueued, which the checks hold the ledger to.
+
+Half its batches go through a proxy that loses replies, when the run has one. An enqueue
+that raised is sent again with the same jobs, as the promise allows (a call that raises
+stored nothing, or says what it stored with ``PartialEnqueue``): a job that this stores
+twice runs under two ids, which the checks find."""
 
 from __future__ import annotations
 
@@ -10,11 +15,13 @@ import math
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
 
 from ..clock import server_now
+from ..errors import PartialEnqueue
 from ..job import Job
 from .profiles import Profile
 from .tasks import QUEUE, ChaosTasks
@@ -24,6 +31,8 @@ __all__ = ["Producer"]
 TICK = 0.25  # seconds between two batches
 WORKFLOW_EVERY = 4  # every 4th batch of 3 or more jobs goes as a fan-out/fan-in workflow
 ERRORS = (redis.exceptions.RedisError, OSError)
+RESENDS = 3  # an enqueue that raised is sent again up to this many times
+RESEND_PAUSE = 0.3  # seconds before sending it again
 
 
 class Producer:
@@ -31,11 +40,14 @@ class Producer:
     :param profile: how many jobs, over how long
     :param rng: the producer's own seeded generator
     :param stop: set when the run is aborted
+    :param routed: the same tasks on a client that reaches Redis through the producer's
+        proxy (lost replies), for half the batches; None: every batch goes direct
     """
 
     def __init__(self, tasks: ChaosTasks, profile: Profile, rng: random.Random,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, routed: ChaosTasks | None = None) -> None:
         self.tasks = tasks
+        self.routed = routed
         self.profile = profile
         self.rng = rng
         self.stop = stop
@@ -47,7 +59,8 @@ class Producer:
         self.edges: list[tuple[str, str]] = []  # (parent label, child label) of workflows
         self._batches = 0
         self.enqueued = 0  # work jobs whose enqueue returned
-        self.failed_calls = 0  # enqueue calls that raised (their jobs are not counted)
+        self.failed_calls = 0  # enqueue calls given up, still raising after their re-sends
+        self.resent = 0  # sends of an enqueue call that had raised
         self._labels = 0
         self._poison = 0
 
@@ -78,7 +91,9 @@ class Producer:
                 later.append((*item, round(rng.uniform(0.5, p.max_delay), 1)))
             else:
                 now.append(item)
-        work = self.tasks.work
+        # Half the batches go through the producer's proxy (lost replies), when there is one.
+        tasks = self.routed if self.routed is not None and rng.random() < 0.5 else self.tasks
+        work: Any = tasks.work
         self._batches += 1
         # One batch in three has no tenant and is enqueued a job per call: plain enqueues
         # (one MULTI each, scripts/plain.py). The others go to a tenant each (the limits of
@@ -87,44 +102,83 @@ class Producer:
         if p.tenants and not single:
             work = work.options(tenant=f"t{rng.randrange(p.tenants)}")
         if single and self._batches % 2 == 0:  # one single batch in two: the side queue
-            work = self.tasks.side
-        try:
-            if len(now) >= 3 and self._batches % WORKFLOW_EVERY == 0:
-                self._workflow(now, work)
-            elif now and single:
-                for label, seconds in now:
-                    job = work.enqueue(label, seconds)
-                    self._keep("work", label, job)
-                    self.enqueued += 1
-            elif now:
-                jobs = work.enqueue_many(now)
-                for (label, _), job in zip(now, jobs, strict=True):
-                    self._keep("work", label, job)
-                self.enqueued += len(now)
-            for label, seconds, delay in later:
-                job = work.options(delay=delay).enqueue(label, seconds)
-                self._keep("work", label, job)
-                with self.lock:
-                    self.delayed.append((time.monotonic() + delay, label, job))
-                self.enqueued += 1
-        except ERRORS:
-            self.failed_calls += 1  # the faults at work: the next tick tries new jobs
+            work = tasks.side
+        if len(now) >= 3 and self._batches % WORKFLOW_EVERY == 0:
+            self._workflow(now, work, tasks)
+        elif now and single:
+            for item in now:
+                self._send([item], lambda items: [work.enqueue(*items[0])])
+        elif now:
+            self._send(now, work.enqueue_many)
+        for label, seconds, delay in later:
+            def delayed(items: list[tuple[str, float]], delay: float = delay) -> list[Job]:
+                return [work.options(delay=delay).enqueue(*items[0])]
 
-    def _workflow(self, items: list[tuple[str, float]], work: Any) -> None:
+            for kept, job in self._send([(label, seconds)], delayed):
+                with self.lock:
+                    self.delayed.append((time.monotonic() + delay, kept, job))
+
+    def _send(self, items: list[tuple[str, float]],
+              call: Callable[[list[tuple[str, float]]], list[Job]]) -> list[tuple[str, Job]]:
+        """Enqueue ``items`` with ``call``, as a careful caller does: a call that raised
+        stored nothing, so it is sent again; one that raised ``PartialEnqueue`` stored the
+        jobs it names (the first ones), so the rest is sent again. Keeps and returns the
+        jobs whose enqueue returned; after ``RESENDS`` the rest is given up."""
+        left, kept = list(items), []
+        for attempt in range(RESENDS + 1):
+            if attempt:
+                self.resent += 1
+                self.stop.wait(RESEND_PAUSE)
+            try:
+                jobs = call(left)
+            except PartialEnqueue as partial:
+                stored = list(partial.jobs)
+                kept += [(label, job) for (label, _), job in zip(left, stored, strict=False)]
+                left = left[len(stored):]
+                if not left:
+                    break
+                continue
+            except ERRORS:
+                continue
+            kept += [(label, job) for (label, _), job in zip(left, jobs, strict=True)]
+            left = []
+            break
+        for label, job in kept:
+            self._keep("work", label, job)
+        self.enqueued += len(kept)
+        if left:
+            self.failed_calls += 1  # given up: its jobs may or may not be stored
+        return kept
+
+    def _workflow(self, items: list[tuple[str, float]], work: Any, tasks: ChaosTasks
+                  ) -> None:
         """Enqueue ``items`` as one workflow: the first, then the middle ones after it,
-        then the last after all of those (raises like an enqueue)."""
-        wf = self.tasks.app.workflow()
-        first = wf.add(work, *items[0], name=items[0][0])
-        middle = [wf.add(work, *item, name=item[0], after=[first]) for item in items[1:-1]]
-        wf.add(work, *items[-1], name=items[-1][0], after=middle)
-        wf.enqueue()
-        with self.lock:
-            for node in wf.nodes:
-                self.jobs[node.name] = ("work", Job(self.tasks.app, node.id))
-                for parent in node.after:
-                    self.edges.append((parent if isinstance(parent, str) else parent.name,
-                                       node.name))
-        self.enqueued += len(items)
+        then the last after all of those. A workflow whose enqueue raised stored nothing and
+        is built and sent again; one that raised ``PartialEnqueue`` cancelled what it stored
+        and is given up."""
+        for attempt in range(RESENDS + 1):
+            if attempt:
+                self.resent += 1
+                self.stop.wait(RESEND_PAUSE)
+            wf = tasks.app.workflow()
+            first = wf.add(work, *items[0], name=items[0][0])
+            middle = [wf.add(work, *item, name=item[0], after=[first]) for item in items[1:-1]]
+            wf.add(work, *items[-1], name=items[-1][0], after=middle)
+            try:
+                wf.enqueue()
+            except PartialEnqueue:
+                break
+            except ERRORS:
+                continue
+            with self.lock:
+                for node in wf.nodes:
+                    self.jobs[node.name] = ("work", Job(tasks.app, node.id))
+                    for parent in node.after:
+                        self.edges.append((parent if isinstance(parent, str) else parent.name,
+                                           node.name))
+            self.enqueued += len(items)
+            return
+        self.failed_calls += 1
 
     def poison(self, kind: str) -> str | None:
         """Enqueue one poison job of ``kind``; its label, or None if the enqueue raised."""

@@ -3,9 +3,10 @@ minutes on two cores, both topologies), the ``long`` profile runs for more than 
 minutes.
 
 Each profile has two phases, one per topology of the jobs' Redis: ``plain`` (one server,
-reached directly and through a proxy) and ``sentinel`` (a primary, a replica and three
-sentinels, with failovers among the faults). The sentinel phase is shorter: what it adds
-is the failover and following the primary; the other faults are the same.
+reached directly and through proxies) and ``sentinel`` (a primary, a replica and three
+sentinels, with failovers among the faults; the proxies follow the primary). The sentinel
+phase is shorter: what it adds is the failover and following the primary; the other
+faults are the same.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class Profile:
 
 WEIGHTS = {
     "worker-kill": 3.0, "worker-pause": 2.0, "redis-kill": 2.0, "client-kill": 2.0,
-    "oom": 2.0, "proxy-blackhole": 1.5, "proxy-reset": 1.5, "poison-raise": 0.7,
+    "oom": 2.0, "proxy-blackhole": 1.5, "proxy-reset": 1.5, "lost-reply": 2.0,
+    "poison-raise": 0.7,
     "poison-kill": 0.5, "poison-exit": 0.5, "poison-hang": 0.5, "cancel": 1.0, "limits": 1.0,
     "overwrite": 1.0,
     "failover": 3.0,  # a Sentinel set only

@@ -25,7 +25,7 @@ from .invariants import FINAL, Check, Evidence, check
 from .producer import Producer
 from .profiles import Profile
 from .proxy import ProxyLink, open_proxy
-from .report import print_report, write_fault_log
+from .report import print_report, write_failures, write_fault_log
 from .sentinel import SentinelSet
 from .servers import CLIENT_NAME, RedisProcess, SingleRedis, redis_server_binary
 from .tasks import QUEUE, QUEUES, ChaosTasks
@@ -35,8 +35,7 @@ __all__ = ["ChaosRun"]
 POLL = 0.5  # seconds between two looks at the jobs' states (progress, settle)
 ERRORS = (redis.exceptions.RedisError, OSError)
 TOPOLOGY_NAMES = {"plain": "one server", "sentinel": "primary, replica, 3 sentinels"}
-NO_PROXY = ("workers learn the primary's address from the sentinels: a proxy in front of"
-            " one server would not follow a failover")
+PROXY_KINDS = ("proxy-blackhole", "proxy-reset", "lost-reply")
 NO_FAILOVER = "one server has no replica to promote (the sentinel topology injects it)"
 
 
@@ -78,6 +77,7 @@ class ChaosRun:
         proxy: ProxyLink | None = None
         fleet: Fleet | None = None
         tasks: ChaosTasks | None = None
+        routed: ChaosTasks | None = None
         try:
             target = self._jobs_redis(binary)
             servers.append(target)
@@ -87,22 +87,26 @@ class ChaosRun:
             proxy = self._proxy(target)
             tasks = ChaosTasks(f"{target.url}?client_name={CLIENT_NAME}",
                                f"chaos-{self.seed}", ledger.url)
+            if proxy is not None:  # the producer's batches that meet lost replies
+                routed = ChaosTasks(f"{proxy.producer_url}?client_name={CLIENT_NAME}",
+                                    f"chaos-{self.seed}", ledger.url)
             tasks.app.queue(QUEUE).set_limits(concurrency=self.profile.queue_cap,
                                               tenant_concurrency=self.profile.tenant_cap)
             for queue in QUEUES:  # the invariants count successes in the streams
                 stream_events(tasks.app, queue)
             fleet = self._fleet(target.url, ledger, proxy)
             began = time.monotonic()
-            producer = self._drive(target, fleet, tasks, proxy)
+            producer = self._drive(target, fleet, tasks, proxy, routed)
             fleet.stop()
             self.restarts = fleet.restarts
-            return self._verdict(tasks, producer, time.monotonic() - began)
+            return self._verdict(tasks, producer, time.monotonic() - began, proxy)
         finally:
             self.stop.set()
             if fleet is not None:
                 fleet.kill()
-            if tasks is not None:
-                tasks.close()
+            for made in (tasks, routed):
+                if made is not None:
+                    made.close()
             if proxy is not None:
                 proxy.close()
             for s in servers:
@@ -116,14 +120,13 @@ class ChaosRun:
         return SingleRedis(binary, self.folder)
 
     def _proxy(self, target: SingleRedis | SentinelSet) -> ProxyLink | None:
-        """The proxy in front of one worker (one server only); records what is skipped."""
-        if isinstance(target, SentinelSet):
-            self.skipped.update({"proxy-blackhole": NO_PROXY, "proxy-reset": NO_PROXY})
-            return None
-        self.skipped["failover"] = NO_FAILOVER
-        proxy, reason = open_proxy(target.primary().port)
+        """The proxies in front of one worker and of half the producer's batches, to the
+        server that is primary when a connection opens; records what is skipped."""
+        if not isinstance(target, SentinelSet):
+            self.skipped["failover"] = NO_FAILOVER
+        proxy, reason = open_proxy(lambda: ("127.0.0.1", target.primary().port))
         if proxy is None:
-            self.skipped.update({"proxy-blackhole": reason, "proxy-reset": reason})
+            self.skipped.update(dict.fromkeys(PROXY_KINDS, reason))
         return proxy
 
     def _env(self, url: str, ledger: RedisProcess) -> dict[str, str]:
@@ -153,8 +156,8 @@ class ChaosRun:
     # -- the run ---------------------------------------------------------------------------
 
     def _drive(self, target: JobsRedis, fleet: Fleet, tasks: ChaosTasks,
-               proxy: ProxyLink | None) -> Producer:
-        producer = Producer(tasks, self.profile, random.Random(self.seed), self.stop)
+               proxy: ProxyLink | None, routed: ChaosTasks | None) -> Producer:
+        producer = Producer(tasks, self.profile, random.Random(self.seed), self.stop, routed)
         injector = Injector(target, fleet, random.Random(self.seed + 1), producer.poison,
                             producer.cancel, self.stop, proxy,
                             cancel_running=producer.cancel_running,
@@ -266,15 +269,19 @@ class ChaosRun:
                         cancel_unknown=set(producer.cancel_unknown), stray=stray,
                         edges=list(producer.edges))
 
-    def _verdict(self, tasks: ChaosTasks, producer: Producer, seconds: float) -> int:
+    def _verdict(self, tasks: ChaosTasks, producer: Producer, seconds: float,
+                 proxy: ProxyLink | None) -> int:
         evidence = self._evidence(tasks, producer)
         checks, summary = check(evidence)
         checks.append(Check("the run's own machinery worked", not self.errors,
                             "; ".join(self.errors) or "no errors"))
         fault_log = self.folder / "faults.log"
         write_fault_log(fault_log, self.seed, self.faults)
-        extra = {"enqueue calls that raised": f"{producer.failed_calls} (their jobs are not"
-                 " counted; any they stored is checked as a stray record)",
+        lost = ", ".join(f"{what} {n}" for what, n in proxy.lost.most_common()) if proxy else ""
+        extra = {"replies lost": lost or "none",
+                 "enqueue calls that raised": f"{producer.resent} sent again;"
+                 f" {producer.failed_calls} given up (their jobs are not counted; any they"
+                 " stored is checked as a stray record)",
                  "worker restarts": f"{self.restarts} by the run (supervised children are"
                                     " replaced by their supervisor)",
                  "hand-offs": f"{sum(c.handed for c in evidence.counters.values())} jobs"
@@ -282,6 +289,8 @@ class ChaosRun:
         print_report(self.console, self.faults, self.skipped, checks, summary, self.seed,
                      seconds, extra)
         failed = [c for c in checks if not c.held]
+        if failed:
+            write_failures(self.folder / "failures.log", checks)
         if failed or self.keep:
             self.console.print(f"fault log, worker and Redis logs kept in {self.folder}")
         else:

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
                    " then 6,000 jobs and 5 minutes.")
 @click.option("--topology", type=click.Choice(["plain", "sentinel", "both"]), default="both",
               show_default=True,
-              help="plain: one Redis server (proxy faults); sentinel: a primary, a replica and"
-                   " three sentinels (failovers); both: one phase each, one after the other.")
+              help="plain: one Redis server; sentinel: a primary, a replica and three"
+                   " sentinels (failovers); both: one phase each, one after the other.")
 @click.option("--seed", type=int, help="Seed of the fault schedule and the jobs (default:"
                                        " random; printed, so a failing run can be repeated).")
 @click.option("--jobs", type=click.IntRange(min=1), help="Work jobs (overrides the profile).")
@@ -39,18 +39,22 @@ def chaos(profile: str, topology: str, seed: int | None, jobs: int | None,
     write, noeviction) and runs jobs through `conveyor worker` processes while it injects,
     one after another at random: SIGKILL and SIGSTOP/SIGCONT of workers, SIGKILL and
     restart of Redis, CLIENT KILL of the workers' connections, out-of-memory spells, proxy
-    black holes and resets (when conveyor.faults.proxy is present), poison jobs (one that
-    raises, one that kills its process, one that exits, one that hangs past its timeout)
-    and cancels. On a Sentinel set (--topology sentinel, and the second phase of both) the
-    workers reach Redis through a redis+sentinel:// URL, the faults aimed at the server hit
+    black holes and resets, lost replies (a proxy lets a fetch, finish, enqueue or other
+    request reach Redis, then drops its reply and resets the connection), poison jobs (one
+    that raises, one that kills its process, one that exits, one that hangs past its
+    timeout) and cancels. On a Sentinel set (--topology sentinel, and the second phase of
+    both) the workers reach Redis through a redis+sentinel:// URL (one of them, and half the
+    enqueues, through proxies that follow the primary), the faults aimed at the server hit
     the current primary, and failovers come among them: SENTINEL FAILOVER with writes
     paused until the replica caught up, so no acknowledged write is at risk.
 
     The tasks write an independent ledger on a server that suffers no faults. Once the
     queue has settled it is checked: every job ends succeeded, dead (poison only, with a
-    reason) or cancelled; at most one success per job; every re-execution follows a lost
-    lease, within what the faults could cost; the counters match the records. Prints the
-    faults injected and each invariant held or FAILED; exits 1 if any failed.
+    reason) or cancelled; at most one success per job; each job stored once, though an
+    enqueue that raised was sent again; every re-execution follows a lost lease, within
+    what the faults could cost; no attempt is charged without a run; the counters match
+    the records. Prints the faults injected and each invariant held or FAILED; exits 1 if
+    any failed.
     """
     from ..chaos import PROFILES, SENTINEL_PROFILES, ChaosRun
 
