@@ -54,6 +54,7 @@ from conveyor.scripts import calls, plain
 from conveyor.sink import stream_events
 from conveyor.workflow.handover import drain_sync
 from helpers import RedisServer
+from lost_reply import LoseReplies
 
 EXAMPLES = int(os.environ.get("CONVEYOR_MODEL_EXAMPLES", "75"))
 VT = 1000  # lease length (ms)
@@ -131,6 +132,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.traces: dict[str, str] = {}  # short id -> trace id of its enqueue ('' untraced)
         self.waiter: tuple[int, float] | None = None  # slots offered, when it lapses (ms)
         self.overwritten: list[str] = []  # keys a hand edit wrote a string over
+        self.lose_next_reply = False  # the next script call's reply is lost once
 
     def teardown(self) -> None:
         # The module's server is its own: emptied after each example, so that the steps
@@ -139,7 +141,20 @@ class QueueMachine(RuleBasedStateMachine):
         self.app.close()
 
     def run(self, call: calls.ScriptCall[object]) -> object:
+        if self.lose_next_reply:
+            # DESIGN 5: a call that Redis applied and whose reply was lost can be re-sent
+            # without applying twice. The reply is lost on the wire after the server ran
+            # the call; the client sends it again; the model is that of one application.
+            self.lose_next_reply = False
+            with LoseReplies(b"EVALSHA\r\n") as lost:
+                reply = self.app.scripts.run(call)
+            assert lost.lost == 1
+            return reply
         return self.app.scripts.run(call)
+
+    @rule()
+    def lose_the_next_reply(self) -> None:
+        self.lose_next_reply = True
 
     # -- steps -----------------------------------------------------------------------------
 
