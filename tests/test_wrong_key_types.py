@@ -5,7 +5,8 @@ before. Each test writes a string over one of a queue's fixed keys, makes the ca
 compares every key of the queue with what it held before: a fetch, a finish and a release
 (a stopping worker handing its jobs back) refuse, naming the key, having changed nothing,
 and work again once the key is put back; an enqueue that would hand its job to an idle
-worker stores it once and wakes a worker instead.
+worker stores it once and wakes a worker instead. A job record of another type is set
+aside instead, its job dead-lettered, and the call goes on for every other job it meets.
 """
 
 from __future__ import annotations
@@ -336,3 +337,188 @@ def test_a_queue_whose_lease_set_is_written_over_holds_back_no_other_queue(
             assert job.info().attempts == 1  # its lease never lapsed
             assert first.info().state == "active"  # its outcome waits for the set
         assert first.result(timeout=20) == "brief"
+
+
+# -- keys named per job ----------------------------------------------------------------------
+#
+# Which job records a call meets is known only as it goes, so they are not checked before
+# the first write: a job record of another type is set aside and its job dead-lettered with
+# the reason, and everything else the call meets goes on as it would have.
+
+KINDS = ("string", "list", "set", "zset", "stream")
+
+
+def _retype(app: conveyor.Conveyor, key: str, kind: str) -> None:
+    """Write a value of ``kind`` over ``key``."""
+    app.redis.delete(key)
+    if kind == "string":
+        app.redis.set(key, MANGLED)
+    elif kind == "list":
+        app.redis.rpush(key, MANGLED)
+    elif kind == "set":
+        app.redis.sadd(key, MANGLED)
+    elif kind == "zset":
+        app.redis.zadd(key, {MANGLED: 1})
+    else:
+        app.redis.xadd(key, {"by": "hand"})
+
+
+def _aside(key: str) -> str:
+    """Where a key of the wrong type is moved: its hash tag, ':mangled', the rest."""
+    tag, rest = key.split("}", 1)
+    return f"{tag}}}:mangled{rest}"
+
+
+def _dead_lettered_aside(app: conveyor.Conveyor, short_id: str, kind: str) -> None:
+    """The job is dead with a reason naming what its key held, and that value is kept
+    aside for a while."""
+    k = app.keys(Q)
+    assert app.redis.zscore(k.dead, short_id) is not None
+    record = app.redis.hgetall(k.job(short_id))
+    assert record[b"s"] == b"dead"
+    error = record[b"error"].decode()
+    assert f"corrupt record: the job's key holds a {kind}, not a hash" in error
+    assert _aside(k.job(short_id)) in error
+    assert app.redis.type(_aside(k.job(short_id))).decode() == kind
+    assert 0 < app.redis.ttl(_aside(k.job(short_id))) <= 7 * 86400
+    info = app.job(f"{Q}~{short_id}").info()
+    assert info.state == conveyor.JobState.DEAD and info.error == error
+
+
+def _leased_as_expected(app: conveyor.Conveyor, leased: list[str], ready: int = 0) -> None:
+    """``leased`` (and no other job) hold leases, counted; ``ready`` jobs are counted ready."""
+    k = app.keys(Q)
+    assert {m.decode() for m in app.redis.zrange(k.leases, 0, -1)} == set(leased)
+    for short_id in leased:
+        assert app.redis.hget(k.job(short_id), "s") == b"active"
+    assert int(app.redis.hget(k.active, "t") or 0) == len(leased)
+    assert int(app.redis.hget(k.counts, "running") or 0) == len(leased)
+    assert int(app.redis.hget(k.counts, "ready") or 0) == ready
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("limited", [False, True])
+def test_a_fetch_dead_letters_a_ready_job_whose_record_is_no_hash_and_leases_the_rest(
+    app: conveyor.Conveyor, kind: str, limited: bool,
+) -> None:
+    """The job popped before the bad one and those after it are leased in the same claim;
+    the bad one is dead-lettered with its reason, not left off every list."""
+    k = app.keys(Q)
+    if limited:
+        app.queue(Q).set_limits(concurrency=10)
+    _enqueue(app, "a", "bad", "c")
+    _retype(app, k.job("bad"), kind)
+    fetched = app.scripts.run(calls.fetch(k, 10, app.limits))
+    assert [j.short_id for j in fetched.jobs] == ["a", "c"]
+    assert fetched.dead == ["bad"]
+    _leased_as_expected(app, ["a", "c"])
+    _dead_lettered_aside(app, "bad", kind)
+
+
+@pytest.mark.parametrize("kind", ["string", "list"])
+def test_a_fetch_dead_letters_a_due_or_lapsed_job_whose_record_is_no_hash(
+    app: conveyor.Conveyor, kind: str,
+) -> None:
+    """Due delayed jobs and lapsed leases are handled before the claim: a bad record among
+    them stops nothing either, and the active counts come back to what the records say."""
+    k = app.keys(Q)
+    _enqueue(app, "held")
+    held = app.scripts.run(calls.fetch(k, 1, app.limits)).jobs
+    _enqueue(app, "lapsed")
+    now = float(app.redis.time()[0]) * 1000
+    app.scripts.run(calls.fetch(k, 1, app.limits, now=now - 60_000))  # 'lapsed': long over
+    _enqueue(app, "due", "due2", delay_ms=1)
+    _enqueue(app, "r1")
+    time.sleep(0.01)
+    _retype(app, k.job("lapsed"), kind)
+    _retype(app, k.job("due"), kind)
+    fetched = app.scripts.run(calls.fetch(k, 10, app.limits))
+    assert sorted(j.short_id for j in fetched.jobs) == ["due2", "r1"]
+    assert sorted(fetched.dead) == ["due", "lapsed"]
+    _leased_as_expected(app, ["due2", "held", "r1"])
+    _dead_lettered_aside(app, "due", kind)
+    _dead_lettered_aside(app, "lapsed", kind)
+    assert [j.short_id for j in held] == ["held"]
+
+
+def test_an_enqueue_handing_jobs_over_dead_letters_a_record_that_is_no_hash(
+    app: conveyor.Conveyor,
+) -> None:
+    """The hand-off claims as a fetch does: the bad job is dead-lettered, the others go to
+    the waiting worker, and the enqueue stores its job once."""
+    k = app.keys(Q)
+    _enqueue(app, "bad")
+    _retype(app, k.job("bad"), "string")
+    app.scripts.run(calls.register_waiter(k, "w1", 4, WAITER_TTL_MS))
+    _enqueue(app, "a", "b")
+    [entry] = app.redis.lrange(k.handoff("w1"), 0, -1)
+    handed = calls.parse_handoff(entry)
+    assert [j.short_id for j in handed.jobs] == ["a", "b"]
+    assert handed.dead == ["bad"]
+    _leased_as_expected(app, ["a", "b"])
+    _dead_lettered_aside(app, "bad", "string")
+
+
+def test_outcomes_heartbeats_progress_and_release_pass_over_a_record_that_is_no_hash(
+    app: conveyor.Conveyor,
+) -> None:
+    """A batch that meets a record written over refuses that one and settles the rest; the
+    lease of the bad one lapses, and the fetch that reclaims it dead-letters it."""
+    k = app.keys(Q)
+    _enqueue(app, "a", "bad", "c", "d", "e", "f")
+    a, bad, c, d, e, _f = app.scripts.run(calls.fetch(k, 6, app.limits)).jobs
+    _retype(app, k.job("bad"), "string")
+    leases = [(j.short_id, j.token, 60_000) for j in (a, bad, c)]
+    assert app.scripts.run(calls.heartbeat(k, leases)) == [1, 0, 1]
+    reports = [(j.short_id, j.token, 0.5, "") for j in (a, bad, c)]
+    assert app.scripts.run(calls.progress(k, reports)) == [1, 0, 1]
+    assert app.scripts.run(calls.step(k, "bad", bad.token, "s", b"1"))[0] == calls.STEP_REFUSED
+    now = time.time()
+    done = app.scripts.run(calls.finish(k, [calls.Outcome("a", a.token, "ok", now),
+                                            calls.Outcome("bad", bad.token, "ok", now),
+                                            calls.Outcome("c", c.token, "ok", now)],
+                                        app.limits))
+    assert done.codes == [calls.FINISH_SUCCEEDED, calls.FINISH_REFUSED, calls.FINISH_SUCCEEDED]
+    assert app.scripts.run(calls.release(k, [(j.short_id, j.token, "") for j in
+                                             (d, bad, e)])) == 2
+    assert app.scripts.run(calls.cancel(k, "bad", app.limits)) == ""
+    assert app.redis.get(k.job("bad")) == MANGLED.encode()  # not written by any of them
+    later = float(app.redis.time()[0]) * 1000 + 120_000
+    fetched = app.scripts.run(calls.fetch(k, 10, app.limits, now=later))
+    assert fetched.dead == ["bad"]
+    assert sorted(j.short_id for j in fetched.jobs) == ["d", "e", "f"]  # f: lapsed, again
+    _dead_lettered_aside(app, "bad", "string")
+    assert int(app.redis.hget(k.active, "t")) == 3  # d, e, f: recounted from the records
+
+
+def test_a_requeue_leaves_a_dead_record_that_is_no_hash_and_requeues_the_rest(
+    app: conveyor.Conveyor,
+) -> None:
+    k = app.keys(Q)
+    _enqueue(app, "a", "bad", "c", max_attempts=1)
+    jobs = app.scripts.run(calls.fetch(k, 3, app.limits)).jobs
+    app.scripts.run(calls.finish(k, [calls.Outcome(j.short_id, j.token, "dead", 0.0, "x")
+                                     for j in jobs], app.limits))
+    _retype(app, k.job("bad"), "list")
+    assert app.dead_letters(Q).requeue() == 2
+    assert app.redis.zrange(k.dead, 0, -1) == [b"bad"]
+    assert app.redis.type(k.job("bad")) == b"list"  # left for whoever repairs it
+    assert sorted(j.short_id for j in app.scripts.run(calls.fetch(k, 10, app.limits)).jobs) \
+        == ["a", "c"]
+
+
+def test_a_dedupe_key_of_the_wrong_type_fails_no_outcome(app: conveyor.Conveyor) -> None:
+    """Freeing a job's dedupe key when it ends reads the key: one written over with another
+    type would stop a finish after the outcomes before it in the batch."""
+    k = app.keys(Q)
+    _enqueue(app, "a")
+    _enqueue(app, "keyed", key="dk")
+    a, keyed = app.scripts.run(calls.fetch(k, 2, app.limits)).jobs
+    app.redis.delete(k.dedupe_prefix + "dk")
+    app.redis.hset(k.dedupe_prefix + "dk", "by", "hand")
+    now = time.time()
+    done = app.scripts.run(calls.finish(k, [calls.Outcome("a", a.token, "ok", now),
+                                            calls.Outcome("keyed", keyed.token, "ok", now)],
+                                        app.limits))
+    assert done.codes == [calls.FINISH_SUCCEEDED] * 2
+    assert app.redis.type(k.dedupe_prefix + "dk") == b"hash"  # names no job: left alone

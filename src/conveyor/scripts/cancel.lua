@@ -34,7 +34,7 @@ end
 if reason == '' then reason = 'cancelled' end
 
 local key = job_prefix .. id
-local f = redis.call('HMGET', key, 's', 'key')
+local f = redis.pcall('HMGET', key, 's', 'key')  -- a key that holds no hash: no job record
 local state = f[1]
 if not state then return '' end
 local now = now_ms(ARGV[1])

@@ -76,7 +76,9 @@ for i = 0, n - 1 do
   local id, token, outcome = ARGV[base], ARGV[base + 1], ARGV[base + 2]
   local started_at, payload = ARGV[base + 3], ARGV[base + 4]
   local key = job_prefix .. id
-  local f = redis.call('HMGET', key, 's', 'token', 't', 'attempts', 'm', 'key', 'e',
+  -- A record that is no hash (written over by hand) reads as an error: refused, like a
+  -- stale token; its lease expires and the fetch that reclaims it dead-letters it.
+  local f = redis.pcall('HMGET', key, 's', 'token', 't', 'attempts', 'm', 'key', 'e',
     'run_at', 'tenant', 'p', 'cancel', 'snoozes', 'tr', 'wf')
   if f[1] ~= 'active' or f[2] ~= token then
     codes[#codes + 1] = 0

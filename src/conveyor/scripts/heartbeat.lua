@@ -28,7 +28,8 @@ local codes = {}
 for i = 0, n - 1 do
   local base = 3 + i * 3
   local id = ARGV[base]
-  local f = redis.call('HMGET', job_prefix .. id, 's', 'token', 'cancel')
+  -- A record that is no hash reads as an error, so as lost (its lease is left to expire).
+  local f = redis.pcall('HMGET', job_prefix .. id, 's', 'token', 'cancel')
   if f[1] == 'active' and f[2] == ARGV[base + 1] then
     redis.call('ZADD', leases, 'XX', now + tonumber(ARGV[base + 2]), id)
     if f[3] then

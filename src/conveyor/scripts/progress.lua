@@ -23,7 +23,7 @@ local codes = {}
 for i = 0, n - 1 do
   local base = 2 + i * 4
   local key = job_prefix .. ARGV[base]
-  local f = redis.call('HMGET', key, 's', 'token', 'cancel')
+  local f = redis.pcall('HMGET', key, 's', 'token', 'cancel')  -- no hash: refused
   if f[1] == 'active' and f[2] == ARGV[base + 1] and not f[3] then
     redis.call('HSET', key, 'progress', ARGV[base + 2], 'progress_note', ARGV[base + 3])
     codes[#codes + 1] = 1

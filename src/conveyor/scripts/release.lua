@@ -41,8 +41,8 @@ local released, by_tenant = 0, {}
 for i = 0, n - 1 do
   local id, token, reason = ARGV[2 + i * 3], ARGV[3 + i * 3], ARGV[4 + i * 3]
   local key = job_prefix .. id
-  local f = redis.call('HMGET', key, 's', 'token', 't', 'attempts', 'p', 'tenant',
-    'cancel')
+  local f = redis.pcall('HMGET', key, 's', 'token', 't', 'attempts', 'p', 'tenant',
+    'cancel')  -- no hash (written over): not handed back; its lease expiry dead-letters it
   -- A job being cancelled is not handed back: it ends cancelled when its lease expires.
   if f[1] == 'active' and f[2] == token and not f[7] then
     redis.call('HSET', key, 's', 'ready', 'token', '',

@@ -19,7 +19,7 @@ if not id or id == '' or not token or token == '' or not name or name == ''
 end
 
 local key = job_prefix .. id
-local f = redis.call('HMGET', key, 's', 'token', 'cancel', 'step:' .. name)
+local f = redis.pcall('HMGET', key, 's', 'token', 'cancel', 'step:' .. name)  -- no hash: refused
 if f[1] ~= 'active' or f[2] ~= token then return { 0, '' } end
 if f[3] then return { 3, '' } end
 if f[4] then return { 2, f[4] } end

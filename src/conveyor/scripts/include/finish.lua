@@ -13,8 +13,9 @@ local function release_active(active, task, finished)
   return false
 end
 
+-- A dedupe key written over with another type names no job: it is left as it is.
 local function free_dedupe_key(dedupe_prefix, key, short_id)
-  if key and key ~= '' and redis.call('GET', dedupe_prefix .. key) == short_id then
+  if key and key ~= '' and redis.pcall('GET', dedupe_prefix .. key) == short_id then
     redis.call('DEL', dedupe_prefix .. key)
   end
 end

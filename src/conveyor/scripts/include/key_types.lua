@@ -27,3 +27,21 @@ local function not_a_counter(key)
   if value and not string.match(value, '^%-?%d+$') then return value end
   return nil
 end
+
+-- Keys named per job (a job's record) cannot be checked before the first write: which of
+-- them a call meets is known only as it goes (the jobs it pops), and a TYPE per job would
+-- cost every call. So a script reads them with redis.pcall, and one that holds another
+-- type is moved aside, to the name `set_aside` gives, kept a week for whoever wants to see
+-- what was written there. A job whose record was moved aside is dead-lettered with the
+-- reason (records.lua). Every job the call meets goes on as it would have.
+local SET_ASIDE_SECONDS = 7 * 86400
+
+-- Move `key` to its queue's hash tag .. ':mangled' .. the rest of its name (the same slot),
+-- for SET_ASIDE_SECONDS; returns that name.
+local function set_aside(key)
+  local tag = string.match(key, '^{[^}]*}') or ''
+  local aside = tag .. ':mangled' .. string.sub(key, #tag + 1)
+  redis.call('RENAME', key, aside)
+  redis.call('EXPIRE', aside, SET_ASIDE_SECONDS)
+  return aside
+end

@@ -37,9 +37,10 @@ end
 -- Lease a popped id whose record is a ready job that record_problem would find nothing
 -- wrong with (runnable_fields, the same rules), reading only the fields a lease needs,
 -- into no table of names: the path of almost every job. Anything else (another state, a
--- bad field, no record) returns false, for the careful path that reads the record whole.
+-- bad field, no record, a key that holds no hash) returns false, for the careful path that
+-- reads the record whole.
 local function lease_ready(k, acc, now, want, nonce, id, key)
-  local f = redis.call('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'e',
+  local f = redis.pcall('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'e',
     'run_at', 'a')
   if f[1] ~= 'ready' or not runnable_fields(f[2], f[3], f[4], f[5]) then return false end
   acc.popped_ready = acc.popped_ready + 1

@@ -59,7 +59,7 @@ end
 local function recount_active(k)
   local counts, tenants, running = {}, {}, 0
   for _, id in ipairs(redis.call('ZRANGE', k.leases, 0, -1)) do
-    local f = redis.call('HMGET', k.job_prefix .. id, 's', 't', 'tenant')
+    local f = redis.pcall('HMGET', k.job_prefix .. id, 's', 't', 'tenant')  -- maybe no hash
     if f[1] == 'active' then
       counts[f[2] or ''] = (counts[f[2] or ''] or 0) + 1
       running = running + 1

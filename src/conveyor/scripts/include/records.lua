@@ -5,6 +5,7 @@
 --@include clock
 --@include finish
 --@include metrics
+--@include key_types
 
 local JOB_STATES = { scheduled = true, ready = true, active = true, succeeded = true,
   retrying = true, dead = true, cancelled = true }
@@ -36,8 +37,11 @@ local function runnable_fields(priority, attempts, max_attempts, vt)
 end
 
 -- The first problem found with the fields a worker needs, or nil. Absent fields are fine
--- (readers use defaults); present ones must parse.
+-- (readers use defaults); present ones must parse. A record that is no hash has no fields.
 local function record_problem(r)
+  if r.wrong_type then
+    return "corrupt record: the job's key holds a " .. r.wrong_type .. ', not a hash'
+  end
   if r.state and not JOB_STATES[r.state] then
     return "corrupt record: field 'state' is not a job state: " .. quoted(r.state)
   end
@@ -59,7 +63,7 @@ end
 -- record_problem for a record found through a list or set: one that exists without a
 -- state is a problem too; one that does not exist (expired, deleted) is none.
 local function listed_record_problem(key, r)
-  if r.state == nil then
+  if r.state == nil and not r.wrong_type then
     if redis.call('EXISTS', key) == 1 then return "corrupt record: field 'state' is missing" end
     return nil
   end
@@ -67,16 +71,18 @@ local function listed_record_problem(key, r)
 end
 
 -- Reads the fields record_problem checks (plus what a dead letter needs) as a table; with
--- `with_args`, the arguments too (for a lease: one read of the record in all).
+-- `with_args`, the arguments too (for a lease: one read of the record in all). A key that
+-- holds no hash reads as { wrong_type = its type, task = '' } (see key_types.lua).
 local function read_record(key, with_args)
   local f
   if with_args then
-    f = redis.call('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'key', 'e',
+    f = redis.pcall('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'key', 'e',
       'run_at', 'started_at', 'cancel', 'cancel_ttl', 'tr', 'a')
   else
-    f = redis.call('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'key', 'e',
+    f = redis.pcall('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'key', 'e',
       'run_at', 'started_at', 'cancel', 'cancel_ttl', 'tr')
   end
+  if f.err then return { wrong_type = redis.call('TYPE', key).ok, task = '' } end
   return { args = f[15] or nil, enqueued_ms = f[9] or nil,
     state = f[1] or nil, priority = f[2] or nil, attempts = f[3] or nil,
     max_attempts = f[4] or nil, vt = f[5] or nil, task = f[6] or '', tenant = f[7] or nil,
@@ -100,9 +106,13 @@ end
 
 -- Dead-letter a job (a bad record, or a lost lease on its last attempt): k holds the
 -- queue's keys (job_prefix, dead, dedupe_prefix, events), out collects { dead = ids,
--- trimmed = ids }.
+-- trimmed = ids }. A record that is no hash is set aside (key_types.lua), and the dead
+-- letter is a record of its own holding the reason, which names where the value went.
 local function dead_letter(k, cfg, tally, now, id, r, reason, out)
   local finished_at = seconds(now)
+  if r.wrong_type then
+    reason = reason .. ' (moved to ' .. set_aside(k.job_prefix .. id) .. ', kept for a week)'
+  end
   redis.call('HSET', k.job_prefix .. id, 's', 'dead', 'token', '', 'error', reason,
     'finished_at', finished_at)
   for _, old in ipairs(bury(k.dead, k.job_prefix, id, now, cfg.dead_cap)) do
