@@ -1,6 +1,6 @@
 """Bad data, fuzzed: whatever hypothesis writes into a queue's records, lists and sorted
 sets (wrong types, non-numeric and non-UTF-8 fields, missing fields, ids without a record,
-a job record replaced by a value of another type),
+a job record or a tenant's ready list replaced by a value of another type),
 the scripts a worker runs never fail, every job still ends (succeeded, or dead with a
 reason), the counters come back to what the records say, and reading the jobs back never
 raises. The CLI and the dashboard then read a mangled queue without an error.
@@ -62,10 +62,14 @@ def _mangle(app: conveyor.Conveyor, ids: list[str]) -> Any:
     """A strategy of one mangling step: (description, function of the Redis client)."""
     k = app.keys("q")
     job = st.sampled_from(ids)
-    kind = st.sampled_from(["string", "list", "set"])
+    kind = st.sampled_from(["string", "list", "set", "hash"])
     return st.one_of(
-        st.tuples(st.just("retype"), job, kind).map(
+        st.tuples(st.just("retype"), job, kind.filter(lambda x: x != "hash")).map(
             lambda t: (t, lambda r: _retype(r, k.job(t[1]), t[2]))),
+        # Lists that hold no id when it is written over (the tenant's jobs are delayed).
+        st.tuples(st.just("retype-list"), st.sampled_from([k.ready("7:acme"), k.inbox]),
+                  kind.filter(lambda x: x != "list")).map(
+            lambda t: (t, lambda r: _retype(r, t[1], t[2]))),
         st.tuples(st.just("hset"), job, st.sampled_from(FIELDS), JUNK).map(
             lambda t: (t, lambda r: r.hset(k.job(t[1]), t[2], t[3]))),
         st.tuples(st.just("hdel"), job, st.sampled_from(FIELDS)).map(

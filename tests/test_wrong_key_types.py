@@ -5,8 +5,9 @@ before. Each test writes a string over one of a queue's fixed keys, makes the ca
 compares every key of the queue with what it held before: a fetch, a finish and a release
 (a stopping worker handing its jobs back) refuse, naming the key, having changed nothing,
 and work again once the key is put back; an enqueue that would hand its job to an idle
-worker stores it once and wakes a worker instead. A job record of another type is set
-aside instead, its job dead-lettered, and the call goes on for every other job it meets.
+worker stores it once and wakes a worker instead. Keys named per job and per tenant (a
+job's record, a tenant's ready list, the inbox) are set aside instead, and the call goes
+on for every other job it meets.
 """
 
 from __future__ import annotations
@@ -339,11 +340,12 @@ def test_a_queue_whose_lease_set_is_written_over_holds_back_no_other_queue(
         assert first.result(timeout=20) == "brief"
 
 
-# -- keys named per job ----------------------------------------------------------------------
+# -- keys named per job and per tenant -------------------------------------------------------
 #
-# Which job records a call meets is known only as it goes, so they are not checked before
-# the first write: a job record of another type is set aside and its job dead-lettered with
-# the reason, and everything else the call meets goes on as it would have.
+# Which job records and ready lists a call meets is known only as it goes, so they are not
+# checked before the first write: a job record of another type is set aside and its job
+# dead-lettered with the reason, a ready list of another type is set aside and serves again
+# from empty, and everything else the call meets goes on as it would have.
 
 KINDS = ("string", "list", "set", "zset", "stream")
 
@@ -457,6 +459,47 @@ def test_an_enqueue_handing_jobs_over_dead_letters_a_record_that_is_no_hash(
     assert handed.dead == ["bad"]
     _leased_as_expected(app, ["a", "b"])
     _dead_lettered_aside(app, "bad", "string")
+
+
+@pytest.mark.parametrize("kind", ["string", "hash"])
+@pytest.mark.parametrize("where", ["alone", "turns", "limited", "promoted", "inbox"])
+def test_a_ready_list_of_the_wrong_type_strands_nothing(
+    app: conveyor.Conveyor, where: str, kind: str,
+) -> None:
+    """A tenant's ready list (or the inbox) written over: the claim goes on past it, the key
+    is set aside, and the list serves that tenant again from empty. (The ids it held went
+    with what was written over them.)"""
+    k = app.keys(Q)
+    if where == "limited":
+        app.queue(Q).set_limits(concurrency=10, tenant_concurrency=5)
+    _enqueue(app, "h1", "h2", priority=9)  # popped first: leased before the bad list is met
+    lost = 0
+    if where == "promoted":  # a due job is pushed onto the list written over
+        _enqueue(app, "d1", tenant="t1", delay_ms=1)
+        time.sleep(0.01)
+    elif where != "inbox":
+        _enqueue(app, "gone", tenant="t1")  # its id goes with the list
+        lost = 1
+    if where == "turns":
+        _enqueue(app, "o1", tenant="t2")
+    key = k.inbox if where == "inbox" else k.ready("5:t1")
+    app.redis.delete(key)
+    if kind == "string":
+        app.redis.set(key, MANGLED)
+    else:
+        app.redis.hset(key, "by", "hand")
+    fetched = app.scripts.run(calls.fetch(k, 10, app.limits))
+    expected = {"h1", "h2", *(["d1"] if where == "promoted" else []),
+                *(["o1"] if where == "turns" else [])}
+    assert {j.short_id for j in fetched.jobs} == expected
+    _leased_as_expected(app, sorted(expected), ready=lost)
+    assert app.redis.type(_aside(key)).decode() == kind
+    assert app.redis.type(key) == b"none"
+    # The tenant is served again: a new job of it is listed and leased.
+    _enqueue(app, "n1", tenant="t1")
+    _enqueue(app, "n2")
+    assert sorted(j.short_id for j in app.scripts.run(calls.fetch(k, 10, app.limits)).jobs) \
+        == ["n1", "n2"]
 
 
 def test_outcomes_heartbeats_progress_and_release_pass_over_a_record_that_is_no_hash(

@@ -68,7 +68,7 @@ end
 
 -- Put a tenant back in its ring (it was parked): only while it has ready jobs.
 local function flow_return(k, priority, tenant)
-  if redis.call('LLEN', k.ready_prefix .. priority .. ':' .. tenant) > 0 then
+  if list_call('LLEN', k.ready_prefix .. priority .. ':' .. tenant) > 0 then
     redis.call('RPUSH', k.ring_prefix .. priority, tenant)
     redis.call('ZADD', k.priorities, priority, priority)
   end

@@ -58,12 +58,12 @@ local function claim_limited(k, lim, now, want, take)
       local list = k.ready_prefix .. p .. ':' .. tenant
       local t = tenant_room(k, lim, tenant, now, mine[tenant] or 0)
       if t.room <= 0 then
-        if redis.call('LLEN', list) > 0 then park_tenant(k, p, tenant, t, now) end
+        if list_call('LLEN', list) > 0 then park_tenant(k, p, tenant, t, now) end
       else
         -- Alone at its level, a tenant takes a run of jobs at once (nobody to be fair to).
         local n = 1
         if redis.call('LLEN', ring) == 0 then n = math.min(t.room, room - leased) end
-        local ids = redis.call('LPOP', list, n) or {}
+        local ids = list_call('LPOP', list, n) or {}
         local got = 0
         for _, id in ipairs(ids) do
           if take(id) then got = got + 1 end
@@ -77,7 +77,7 @@ local function claim_limited(k, lim, now, want, take)
             bucket_store(k.buckets, 't:' .. tenant, t.tokens, now)
           end
         end
-        if redis.call('LLEN', list) > 0 then
+        if list_call('LLEN', list) > 0 then
           if t.room > 0 then redis.call('RPUSH', ring, tenant)
           else park_tenant(k, p, tenant, t, now) end
         end

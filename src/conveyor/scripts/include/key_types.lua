@@ -28,12 +28,13 @@ local function not_a_counter(key)
   return nil
 end
 
--- Keys named per job (a job's record) cannot be checked before the first write: which of
--- them a call meets is known only as it goes (the jobs it pops), and a TYPE per job would
--- cost every call. So a script reads them with redis.pcall, and one that holds another
--- type is moved aside, to the name `set_aside` gives, kept a week for whoever wants to see
--- what was written there. A job whose record was moved aside is dead-lettered with the
--- reason (records.lua). Every job the call meets goes on as it would have.
+-- Keys named per job or per tenant (a job's record, a tenant's ready list) cannot be
+-- checked before the first write: which of them a call meets is known only as it goes
+-- (the jobs it pops), and a TYPE per job would cost every call. So a script reads them
+-- with redis.pcall, and one that holds another type is moved aside, to the name `set_aside`
+-- gives, kept a week for whoever wants to see what was written there. A job whose record
+-- was moved aside is dead-lettered with the reason (records.lua); a ready list moved aside
+-- starts again empty (list_call). Every job the call meets goes on as it would have.
 local SET_ASIDE_SECONDS = 7 * 86400
 
 -- Move `key` to its queue's hash tag .. ':mangled' .. the rest of its name (the same slot),
@@ -44,4 +45,16 @@ local function set_aside(key)
   redis.call('RENAME', key, aside)
   redis.call('EXPIRE', aside, SET_ASIDE_SECONDS)
   return aside
+end
+
+-- redis.call(command, key, ...) on a key that must be a list (a ready list, the inbox): one
+-- of another type is set aside first, and the command runs on the list as if empty.
+local function list_call(command, key, ...)
+  local reply = redis.pcall(command, key, ...)
+  if type(reply) == 'table' and reply.err then
+    if string.sub(reply.err, 1, 9) ~= 'WRONGTYPE' then error(reply) end
+    set_aside(key)
+    reply = redis.call(command, key, ...)
+  end
+  return reply
 end

@@ -8,8 +8,15 @@
 -- its jobs are counted ready. Before ready jobs are claimed, absorb_inbox moves them onto
 -- their priority's list; while the inbox is not empty, jobs without a tenant that join the
 -- back of a list go to the inbox too, so the order within a priority stays the enqueue order.
+--
+-- A ready list or the inbox that holds another type (written over by hand) is set aside
+-- where a script meets it, and serves again from empty (list_call, key_types.lua): a claim
+-- never stops half way on it. The ids it held are gone with what was written over them. A
+-- tenant that was in its ring when its list was set aside may be named there twice until
+-- its list is next empty, so it gets an extra turn meanwhile.
 --@include job_record
 --@include counter
+--@include key_types
 
 local INBOX_SUFFIX = 'in'  -- keep in step with conveyor.keys.QueueKeys.inbox
 local ABSORB_LIMIT = 10000  -- inbox entries moved per call: a huge inbox empties over calls
@@ -22,13 +29,12 @@ end
 -- Append (or, for jobs that have already waited, prepend) a job to its tenant's list.
 local function push_ready(ready_prefix, ring_prefix, priorities, id, priority, tenant, front)
   local inbox = ready_prefix .. INBOX_SUFFIX
-  if not front and tenant == '' and redis.call('LLEN', inbox) > 0 then
-    redis.call('RPUSH', inbox, inbox_entry(id, priority))
+  if not front and tenant == '' and list_call('LLEN', inbox) > 0 then
+    list_call('RPUSH', inbox, inbox_entry(id, priority))
     return
   end
   local list = ready_prefix .. priority .. ':' .. tenant
-  local n
-  if front then n = redis.call('LPUSH', list, id) else n = redis.call('RPUSH', list, id) end
+  local n = list_call(front and 'LPUSH' or 'RPUSH', list, id)
   if n == 1 then
     redis.call('RPUSH', ring_prefix .. priority, tenant)
     redis.call('ZADD', priorities, priority, priority)
@@ -42,23 +48,23 @@ end
 local function list_ready_many(ready_prefix, ring_prefix, priorities, ids, priority, tenant)
   if #ids == 0 then return end
   local list = ready_prefix .. priority .. ':' .. tenant
-  if redis.call('LLEN', list) == 0 then  -- the list is empty: its tenant joins the ring
+  if list_call('LLEN', list) == 0 then  -- the list is empty: its tenant joins the ring
     redis.call('RPUSH', ring_prefix .. priority, tenant)
     redis.call('ZADD', priorities, priority, priority)
   end
   for i = 1, #ids, 1000 do
-    redis.call('RPUSH', list, unpack(ids, i, math.min(i + 999, #ids)))
+    list_call('RPUSH', list, unpack(ids, i, math.min(i + 999, #ids)))
   end
 end
 
 -- Append a batch of jobs of one priority and tenant: to their list, or behind the inbox's.
 local function push_ready_many(ready_prefix, ring_prefix, priorities, ids, priority, tenant)
   local inbox = ready_prefix .. INBOX_SUFFIX
-  if tenant == '' and #ids > 0 and redis.call('LLEN', inbox) > 0 then
+  if tenant == '' and #ids > 0 and list_call('LLEN', inbox) > 0 then
     local entries = {}
     for i, id in ipairs(ids) do entries[i] = inbox_entry(id, priority) end
     for i = 1, #entries, 1000 do
-      redis.call('RPUSH', inbox, unpack(entries, i, math.min(i + 999, #entries)))
+      list_call('RPUSH', inbox, unpack(entries, i, math.min(i + 999, #entries)))
     end
     return
   end
@@ -69,7 +75,7 @@ end
 -- entry without a readable priority goes to the default one whole: an id that names no
 -- record is skipped when it is popped, as any stray entry of a ready list.
 local function absorb_inbox(ready_prefix, ring_prefix, priorities)
-  local entries = redis.call('LPOP', ready_prefix .. INBOX_SUFFIX, ABSORB_LIMIT)
+  local entries = list_call('LPOP', ready_prefix .. INBOX_SUFFIX, ABSORB_LIMIT)
   if not entries then return end
   local run, level = {}, nil
   for _, entry in ipairs(entries) do
@@ -96,8 +102,8 @@ local function pop_ready(ready_prefix, ring_prefix, priorities)
       redis.call('ZREM', priorities, top[1])
     else
       local list = ready_prefix .. top[1] .. ':' .. tenant
-      local id = redis.call('LPOP', list)
-      if redis.call('LLEN', list) > 0 then
+      local id = list_call('LPOP', list)
+      if list_call('LLEN', list) > 0 then
         redis.call('RPUSH', ring, tenant)
       elseif redis.call('LLEN', ring) == 0 then
         redis.call('ZREM', priorities, top[1])
@@ -122,11 +128,11 @@ local function pop_ready_many(ready_prefix, ring_prefix, priorities, want)
     elseif tenants == 1 then
       local tenant = redis.call('LINDEX', ring, 0)
       local list = ready_prefix .. top[1] .. ':' .. tenant
-      local ids = redis.call('LPOP', list, want - #out)
+      local ids = list_call('LPOP', list, want - #out)
       if ids then
         for _, id in ipairs(ids) do out[#out + 1] = id end
       end
-      if redis.call('LLEN', list) == 0 then
+      if list_call('LLEN', list) == 0 then
         redis.call('DEL', ring)
         redis.call('ZREM', priorities, top[1])
       end
