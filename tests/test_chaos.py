@@ -55,7 +55,7 @@ def test_short_run_through_the_command_holds_every_invariant(tmp_path: Path) -> 
     if importlib.util.find_spec("conveyor.faults.proxy") is not None:
         for kind in ("proxy-blackhole", "proxy-reset", "lost-reply"):
             assert re.search(rf"│ {kind} +│ +\d+ │", text), text
-    assert re.search(r"│\s+attempts charged without a run │ 0\s", text), text
+    assert re.search(r"│\s+attempts charged without a run │ \d+\s", text), text
     assert "FAILED" not in text
     assert re.search(r"│\s+lost │ 0\s", text), text
 
@@ -184,16 +184,23 @@ def test_checker_fails_on_a_leaked_running_count() -> None:
     assert failed(check(ev)[0]) == {"limits' running counts equal the leases"}
 
 
-CHARGED = "no attempt charged without a run (attempts + refunded <= runs)"
+CHARGED = ("no attempt charged without a run but for a lost lease"
+           " (attempts + refunded <= runs)")
 
 
 def test_checker_fails_on_an_attempt_charged_without_a_run() -> None:
     """A job leased twice and run once (a fetch whose reply was lost leased it to nobody)
     was charged an attempt it did not run."""
     ev = healthy()
-    ev.jobs[0] = dataclasses.replace(ev.jobs[0], attempts=2, error="lease expired")
+    ev.jobs[0] = dataclasses.replace(ev.jobs[0], attempts=2)
     checks, summary = check(ev)
     assert CHARGED in failed(checks)
+    assert summary.charged_without_run == 1
+    # A lease lost to a killed worker before the run began is charged (DESIGN 2), and
+    # counted in the run's table, not failed.
+    ev.jobs[0] = dataclasses.replace(ev.jobs[0], attempts=2, error="lease expired")
+    checks, summary = check(ev)
+    assert CHARGED not in failed(checks)
     assert summary.charged_without_run == 1
 
 
