@@ -53,7 +53,9 @@ def test_short_run_through_the_command_holds_every_invariant(tmp_path: Path) -> 
                  "overwrite"):
         assert f"│ {kind} " in text, f"{kind} was not injected:\n{text}"
     if importlib.util.find_spec("conveyor.faults.proxy") is not None:
-        for kind in ("proxy-blackhole", "proxy-reset", "lost-reply"):
+        # lost-reply comes last in the schedule: the ci profile's run reaches it, a run of
+        # 8 s of faults may not.
+        for kind in ("proxy-blackhole", "proxy-reset"):
             assert re.search(rf"│ {kind} +│ +\d+ │", text), text
     assert re.search(r"│\s+attempts charged without a run │ \d+\s", text), text
     assert "FAILED" not in text
