@@ -7,8 +7,10 @@
 -- wake key. An enqueue that finds a live waiter leases up to that many ready jobs to it
 -- exactly as fetch does (same claim, limits, fencing tokens, running counts) and pushes
 -- them, ready to run, onto the worker's hand-off list: the worker's blocking pop returns
--- them without a further round trip. A registration serves one enqueue. A job handed to a
--- worker that died meanwhile is leased like any other, so lease expiry brings it back.
+-- them without a further round trip. A registration serves one enqueue, and lapses a few
+-- seconds after the worker last renewed it. A job handed to a worker that died meanwhile
+-- is leased like any other, so lease expiry brings it back; still on the list then, it
+-- was never taken, and gets its attempt back (include/maintain.lua).
 --@include ready
 --@include key_types
 --@include counter
@@ -68,7 +70,10 @@ local function hand_off_builder()
 --@include lease
 --@include metrics
 
-  local HANDOFF_TTL_MS = 120000  -- an unread hand-off list (its worker died) goes after this
+  -- An unread hand-off list (its worker died) goes this long after its jobs' leases end:
+  -- until then, the fetch that reclaims such a lease finds the job still on the list, so
+  -- never taken, and gives its attempt back (include/maintain.lua).
+  local HANDOFF_KEEP_MS = 600000
 
   -- One field of an entry: '<length>:<bytes>', so that any bytes pass unharmed.
   local function framed(parts, value)
@@ -90,7 +95,7 @@ local function hand_off_builder()
   end
 
   return function(k, cfg, now, want, w)
-    local tally, out, acc = new_tally(), { dead = {}, trimmed = {} }, new_lease_batch()
+    local tally, out, acc = new_tally(), { dead = {}, trimmed = {} }, new_lease_batch(w.worker)
     local taken, _, lim = claim_ready(k, now, want, lease_taker(k, cfg, tally, out, now,
       want, w.nonce, acc))
     record_leases(k, tally, acc)
@@ -100,7 +105,9 @@ local function hand_off_builder()
       drop_waiter(k, w.worker)  -- a registration serves one enqueue
       local list = k.handoff_prefix .. w.worker
       redis.call('RPUSH', list, handoff_entry(now, out, acc.jobs))
-      redis.call('PEXPIRE', list, HANDOFF_TTL_MS)
+      local longest = 0
+      for i = 9, #acc.jobs, 9 do longest = math.max(longest, tonumber(acc.jobs[i]) or 0) end
+      redis.call('PEXPIRE', list, longest + HANDOFF_KEEP_MS)
       if taken > 0 then add_count(k.counts, 'handed', taken) end
     end
     return taken, lim

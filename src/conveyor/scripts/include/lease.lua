@@ -5,9 +5,12 @@
 --@include metrics
 --@include records
 
-local function new_lease_batch()
+-- handed_to: the worker an enqueue hands these leases to (include/handoff.lua), or nil
+-- for a fetch. The record of a job handed over names that worker in its 'handed' field,
+-- so that a lease it never took is told apart when it expires (include/maintain.lua).
+local function new_lease_batch(handed_to)
   return { jobs = {}, leases = {}, active = {}, by_tenant = {}, popped_ready = 0,
-    token_base = 0, tokens_left = 0 }
+    token_base = 0, tokens_left = 0, handed_to = handed_to }
 end
 
 -- Lease one ready job: a fresh token, the record active, its deadline, and its fields in
@@ -21,7 +24,12 @@ local function grant(k, acc, now, want, nonce, id, key, f)
   local attempts = (tonumber(f[3]) or 0) + 1
   local token = string.format('%d', acc.token_base) .. '.' .. nonce
   local vt = tonumber(f[5]) or DEFAULT_VT
-  redis.call('HSET', key, 's', 'active', 'attempts', attempts, 'token', token)
+  if acc.handed_to then
+    redis.call('HSET', key, 's', 'active', 'attempts', attempts, 'token', token, 'handed',
+      acc.handed_to)
+  else
+    redis.call('HSET', key, 's', 'active', 'attempts', attempts, 'token', token)
+  end
   local leases, nl = acc.leases, #acc.leases
   leases[nl + 1], leases[nl + 2] = now + vt, id
   local task = f[6] or ''

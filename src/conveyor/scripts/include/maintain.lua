@@ -91,8 +91,36 @@ local function reclaim_mangled(k, now, cfg, tally, id, r, out)
   return unknown
 end
 
--- A lease past its deadline means the worker died or stalled. The attempt it used counts;
--- the job goes back to the front of its list, or to the dead letters when attempts are spent
+-- Whether the lease of the job under `key` was handed to an idle worker by an enqueue
+-- (include/handoff.lua) that never took it: the entry carrying its token is still on that
+-- worker's hand-off list (the worker died or stopped before its pop). Such a lease used no
+-- attempt. The list is named as keys.py names it, from the queue's hash tag.
+local function never_taken(k, key)
+  local f = redis.call('HMGET', key, 'handed', 'token')
+  local worker, token = f[1], f[2]
+  if not worker or not token or token == '' then return false end
+  local list = string.match(k.job_prefix, '^{[^}]*}') .. ':handoff:' .. worker
+  local entries = redis.pcall('LRANGE', list, 0, -1)
+  if entries.err then return false end
+  local framed = #token .. ':' .. token
+  for _, entry in ipairs(entries) do
+    if string.find(entry, framed, 1, true) then return true end
+  end
+  return false
+end
+
+-- A reclaimed job goes back to the front of its ready list; `field`, `value` go on its
+-- record (the error that ended its lease, or the attempts it is left with).
+local function back_to_ready(k, id, r, field, value)
+  redis.call('HSET', k.job_prefix .. id, 's', 'ready', 'token', '', field, value)
+  push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, r.priority or '5',
+    r.tenant or '', true)
+  add_count(k.counts, 'ready', 1)
+end
+
+-- A lease past its deadline means the worker died or stalled. The attempt it used counts
+-- (unless its worker never took the job: it goes back as it was before the lease); the job
+-- goes back to the front of its list, or to the dead letters when attempts are spent
 -- (added to out.dead, with any dead letters the cap trimmed in out.trimmed).
 local function reclaim_expired(k, now, limit, cfg, tally, out)
   local expired = redis.call('ZRANGE', k.leases, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
@@ -108,19 +136,19 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
     elseif r.state == 'active' then
       if release_active(k.active, r.task) then recount = true end
       flow_ended(k, 1, { [r.tenant or ''] = 1 })
-      count(tally, r.task, 'failed', 1)
+      local untaken = never_taken(k, key)
+      if not untaken then count(tally, r.task, 'failed', 1) end
       local attempts = r.attempts or '1'
       local err = 'lease expired: the worker died or stalled (attempt ' .. attempts .. ')'
       local bad = record_problem(r)
       if bad then
         dead_letter(k, cfg, tally, now, id, r, bad, out)
+      elseif untaken then
+        back_to_ready(k, id, r, 'attempts', math.max(0, (tonumber(attempts) or 1) - 1))
       elseif (tonumber(attempts) or 1) >= (tonumber(r.max_attempts) or DEFAULT_MAX_ATTEMPTS) then
         dead_letter(k, cfg, tally, now, id, r, err, out)
       else
-        redis.call('HSET', key, 's', 'ready', 'token', '', 'error', err)
-        push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, r.priority or '5',
-          r.tenant or '', true)
-        add_count(k.counts, 'ready', 1)
+        back_to_ready(k, id, r, 'error', err)
         count(tally, r.task, 'retried', 1)
       end
     elseif r.state == nil and redis.call('EXISTS', key) == 0 then
