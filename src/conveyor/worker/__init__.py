@@ -26,7 +26,7 @@ from ..scripts import calls
 from ..workflow.handover import HandOvers
 from .backoff import REDIS_ERRORS, QueueBackoff, pause_after
 from .executor import Executor, Held
-from .handoff import WAITER_TTL_MS, Waiting
+from .handoff import WAITER_TTL_MS, Waiting, keep_renewed
 from .leases import keep_leases
 from .loops import LoopDied, Loops, where
 from .outbox import Outbox
@@ -159,6 +159,8 @@ class Worker:
         self.loops.start("progress writer", self.progress.run)
         self.loops.start("outcome outbox", self.outbox.run)
         self.loops.start("worker registry", lambda: keep_registered(self))
+        self.loops.start("waiter renewal", lambda: keep_renewed(self.waiting, client,
+                                                                 self.clock))
         scheduler = Scheduler(self.app, self.queues, ServerClock())
         self.loops.start("periodic scheduler", scheduler.run)
         self.loops.start("workflow hand-over", handovers.run)
@@ -273,8 +275,9 @@ class Worker:
 
     def take_handed(self, queue: str, handed: calls.Fetched) -> list[calls.Leased]:
         """Start jobs an enqueue handed to this worker; returns those beyond its free slots
-        (or all, once stopping), which the caller hands back. Jobs whose lease already
-        ended while the entry waited (a stopped process) are left to lease expiry."""
+        (or all, once stopping), which the caller hands back, and those whose lease ended
+        while the entry waited (a stopped process): never run, they are handed back too,
+        their attempts refunded (a lease reclaimed meanwhile refuses the hand-back)."""
         self.clock.passed(handed.now_ms)  # the entry may have waited in its list
         if handed.dead:
             self.outbox.notify_dead(queue, handed.dead)
@@ -282,9 +285,10 @@ class Worker:
             self.outbox.notify_trimmed(queue, handed.trimmed)
         jobs = [j for j in handed.jobs
                 if self.clock.seconds_until(handed.now_ms + j.visibility_ms) > 0]
-        if len(jobs) < len(handed.jobs):
-            log.warning("%d job(s) of %s were handed over %.1f s ago: their leases have ended",
-                        len(handed.jobs) - len(jobs), queue,
+        ended = [j for j in handed.jobs if j not in jobs]
+        if ended:
+            log.warning("%d job(s) of %s were handed over %.1f s ago: their leases have ended;"
+                        " handing them back", len(ended), queue,
                         -self.clock.seconds_until(handed.now_ms))
         free = 0 if self._stopping else max(0, self.free_slots())
         for leased in jobs[:free]:
@@ -292,7 +296,7 @@ class Worker:
             # As a fetch's next due time would: look again when the lease ends, in case
             # this run stalls past it.
             self.due_at(queue, handed.now_ms + leased.visibility_ms)
-        return jobs[free:]
+        return ended + jobs[free:]
 
     async def _leave_waiting(self) -> None:
         """Unregister as a waiter and hand back what was handed over but not taken."""

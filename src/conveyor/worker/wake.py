@@ -8,8 +8,9 @@ per slot its queues hash to (in practice once per queue), each as cheap as the o
 An idle worker with free slots also waits for jobs handed to it (:mod:`.handoff`): it is
 registered as a waiter of its queues and blocks on its own hand-off lists in the same
 BLPOP, so an enqueue that finds it leases the new job to it and the pop returns the job
-ready to run, with no fetch in between. The registration costs nothing while idle: the
-worker's own fetch makes it, and it is renewed only every few minutes.
+ready to run, with no fetch in between. The registration costs little while idle: the
+worker's own fetch makes it, and a renewal every few seconds (one command per queue) keeps
+it from lapsing while the worker lives.
 
 A marker wakes one worker, so no worker may sit on one: a worker that is stopping or has
 no free slot passes the marker on, and a stopping worker leaves one behind for each of
