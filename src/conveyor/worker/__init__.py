@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import signal
@@ -27,7 +28,7 @@ from ..workflow.handover import HandOvers
 from .backoff import REDIS_ERRORS, QueueBackoff, pause_after
 from .executor import Executor, Held
 from .handoff import WAITER_TTL_MS, Waiting, keep_renewed
-from .leases import keep_leases
+from .leases import LeaseKeeper
 from .loops import LoopDied, Loops, where
 from .outbox import Outbox
 from .progress import ProgressWriter
@@ -153,9 +154,12 @@ class Worker:
         await check_server(client)
         self.loops = Loops(on_fatal=lambda _exc: self._request_stop())
         self.loops.start("wake listener", lambda: listen_for_wakeups(self))
-        self.loops.start("lease heartbeat", lambda: keep_leases(
-            lambda: self.held.values(), self.leased, runner, self.app.keys,
-            on_cancel=self._cancel, client=client))
+        # A job is held until its outcome is acknowledged: running here, or its outcome
+        # waiting in the outbox.
+        self.lease_keeper = LeaseKeeper(
+            lambda: itertools.chain(self.held.values(), self.outbox.leases()), self.leased,
+            runner, self.app.keys, on_cancel=self._cancel, client=client)
+        self.loops.start("lease heartbeat", self.lease_keeper.run)
         self.loops.start("progress writer", self.progress.run)
         self.loops.start("outcome outbox", self.outbox.run)
         self.loops.start("worker registry", lambda: keep_registered(self))
@@ -237,6 +241,9 @@ class Worker:
                 continue
             wakes = self._wakes
             try:
+                # The worker's own overdue heartbeats in this queue go first, so that the
+                # fetch reclaims no lease this worker still holds.
+                await self.lease_keeper.catch_up(queue)
                 fetched = await runner.run(calls.fetch(
                     self.app.keys(queue), free, self.app.limits,
                     worker=self.id if self.waiting.enabled else "",
@@ -349,7 +356,7 @@ class Worker:
             held.task.set_result(None)  # a sync attempt's future: the job is settled
         if outcome.token != held.leased.token:  # leased again while it ran: the new lease
             outcome = dataclasses.replace(outcome, token=held.leased.token)
-        self.outbox.add(held.queue, outcome)
+        self.outbox.add(held.queue, outcome, held)  # its lease is kept until acknowledged
         self.processed += 1
         if self.max_jobs is not None and self.processed >= self.max_jobs and not self._stopping:
             log.info("worker %s has run its %d jobs: stopping", self.id, self.max_jobs)

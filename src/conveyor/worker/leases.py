@@ -1,11 +1,21 @@
-"""Keeping leases alive: a running job's lease is extended by heartbeat, so the lease only
+"""Keeping leases alive: a held job's lease is extended by heartbeat, so the lease only
 bounds how soon a dead worker's job runs again, not how long a job may run.
+
+A job is held from its lease until Redis has acknowledged its outcome: a run that has
+ended keeps being beaten while its outcome waits in the outbox (Redis refusing writes for
+a while, a key that only the acknowledgement reads written over), or it would run again
+elsewhere although it is done.
 
 Each held job is due for a heartbeat a third of its own visibility timeout after its last
 one (or after it was leased); the loop sleeps until the earliest such time and is woken
 when a job is leased, so a job with a short timeout leased while the loop slept for a
 longer one still gets its first heartbeat in time. Leases due within the same short
 window go out together, one script call per queue.
+
+A fetch reclaims expired leases, this worker's own included. So before the worker fetches
+from a queue, :meth:`LeaseKeeper.catch_up` beats that queue's leases whose heartbeat is
+overdue (the loop could not reach Redis for a while): once Redis is back, the worker's own
+fetch never takes from it a job it still holds.
 
 A cancel of a running job reaches its holder with a heartbeat. So that it lands within a
 second or two rather than a third of the visibility timeout, the loop also looks, every
@@ -32,100 +42,139 @@ IDLE_WAIT = 5.0  # seconds between looks when nothing is held (a lease wakes it 
 CANCEL_POLL = 0.5  # seconds between looks for cancels of held jobs
 BATCH_WINDOW = 0.25  # fraction of a job's interval by which it may be beaten early
 
+# What a heartbeat call was for: the held jobs and the leases it extends, in order.
+Beat = tuple[list[Held], list[tuple[str, str, int]]]
+
 
 def beat_interval(held: Held) -> float:
     """Seconds between heartbeats of ``held``: a third of its visibility timeout."""
     return max(0.05, held.leased.visibility_ms / 3000)
 
 
-async def keep_leases(held_jobs: Callable[[], Iterable[Held]], leased: asyncio.Event,
-                      runner: Any, keys: Callable[[str], Any],
-                      on_cancel: Callable[[Held], None] = lambda _held: None,
-                      client: Any = None) -> None:
-    """Extend the leases of held jobs before a third of their visibility timeout passes.
+class LeaseKeeper:
+    """Extends the leases of held jobs before a third of their visibility timeout passes.
 
-    :param held_jobs: the jobs the worker holds now
+    :param held_jobs: the jobs the worker holds now (running, or ended with their outcome
+        not yet acknowledged)
     :param leased: set by the worker whenever it leases a job
     :param runner: the async script runner
     :param keys: queue name -> its key names
     :param on_cancel: called with a held job whose heartbeat says it is to be cancelled
     :param client: the async Redis client, to look for cancels (None: never look)
     """
-    clock = asyncio.get_running_loop().time
-    failures = 0
-    next_poll = clock()
-    while True:
-        now = clock()
-        jobs = list(held_jobs())
+
+    def __init__(self, held_jobs: Callable[[], Iterable[Held]], leased: asyncio.Event,
+                 runner: Any, keys: Callable[[str], Any],
+                 on_cancel: Callable[[Held], None] = lambda _held: None,
+                 client: Any = None) -> None:
+        self._held_jobs = held_jobs
+        self._leased = leased
+        self._runner = runner
+        self._keys = keys
+        self._on_cancel = on_cancel
+        self._client = client
+        self._sending = asyncio.Lock()  # the loop and a catch-up beat one at a time
+        self._clock = asyncio.get_running_loop().time
+
+    async def run(self) -> None:
+        """Beat leases as they come due, until cancelled (a worker's loop never returns)."""
+        failures = 0
+        next_poll = self._clock()
+        while True:
+            now = self._clock()
+            jobs = list(self._held_jobs())
+            for held in jobs:
+                if held.next_beat is None:
+                    held.next_beat = now + beat_interval(held)
+            wait = min((h.next_beat for h in jobs if h.next_beat is not None),
+                       default=now + IDLE_WAIT)
+            if jobs and self._client is not None:
+                wait = min(wait, next_poll)
+            self._leased.clear()
+            if wait > now:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._leased.wait(), wait - now)
+                continue
+            try:
+                if jobs and self._client is not None and next_poll <= now:
+                    next_poll = now + CANCEL_POLL
+                    await self._look_for_cancels(jobs, now)
+                due = [h for h in jobs if h.next_beat is not None
+                       and h.next_beat - BATCH_WINDOW * beat_interval(h) <= now]
+                await self._beat(due, now)
+                failures = 0
+            except REDIS_ERRORS as exc:
+                failures += 1
+                pause = min([pause_after(failures), CANCEL_POLL]
+                            + [beat_interval(h) / 2 for h in jobs])
+                log.warning("could not extend leases (%s: %s); retrying in %.2f s",
+                            type(exc).__name__, exc, pause)
+                await asyncio.sleep(pause)
+
+    async def catch_up(self, queue: str) -> None:
+        """Beat now the leases of ``queue`` whose heartbeat is overdue by a whole interval
+        (the loop could not reach Redis): called before a fetch from ``queue``, which would
+        reclaim those leases once expired. A failure is left to the fetch that follows (it
+        meets the same trouble)."""
+        now = self._clock()
+        late = [h for h in self._held_jobs() if h.queue == queue and h.next_beat is not None
+                and h.next_beat + beat_interval(h) <= now]
+        if not late:
+            return
+        try:
+            await self._beat(late, now)
+        except REDIS_ERRORS as exc:
+            log.debug("could not extend the leases of %s before a fetch: %s", queue, exc)
+
+    async def _look_for_cancels(self, jobs: list[Held], now: float) -> None:
+        """Make the held jobs that someone asked to cancel due for a heartbeat now."""
+        by_queue: dict[str, list[Held]] = {}
         for held in jobs:
-            if held.next_beat is None:
-                held.next_beat = now + beat_interval(held)
-        wait = min((h.next_beat for h in jobs if h.next_beat is not None), default=now + IDLE_WAIT)
-        if jobs and client is not None:
-            wait = min(wait, next_poll)
-        leased.clear()
-        if wait > now:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(leased.wait(), wait - now)
-            continue
-        try:
-            if jobs and client is not None and next_poll <= now:
-                next_poll = now + CANCEL_POLL
-                await _look_for_cancels(jobs, client, keys, now)
-            due = [h for h in jobs if h.next_beat is not None
-                   and h.next_beat - BATCH_WINDOW * beat_interval(h) <= now]
-            await _beat(due, runner, keys, now, on_cancel)
-            failures = 0
-        except REDIS_ERRORS as exc:
-            failures += 1
-            pause = min([pause_after(failures), CANCEL_POLL]
-                        + [beat_interval(h) / 2 for h in jobs])
-            log.warning("could not extend leases (%s: %s); retrying in %.2f s",
-                        type(exc).__name__, exc, pause)
-            await asyncio.sleep(pause)
+            if not held.cancel_requested:
+                by_queue.setdefault(held.queue, []).append(held)
+        for queue, held_here in by_queue.items():
+            try:
+                scores = await self._client.zmscore(self._keys(queue).cancelling,
+                                                    [h.leased.short_id for h in held_here])
+            except redis.ResponseError as exc:  # this queue's set refused: the beats still go
+                log.debug("could not look for cancels in %s: %s", queue, exc)
+                continue
+            for held, score in zip(held_here, scores, strict=True):
+                if score is not None:
+                    held.next_beat = now
 
-
-async def _look_for_cancels(jobs: list[Held], client: Any, keys: Callable[[str], Any],
-                            now: float) -> None:
-    """Make the held jobs that someone asked to cancel due for a heartbeat now."""
-    by_queue: dict[str, list[Held]] = {}
-    for held in jobs:
-        if not held.cancel_requested:
+    async def _beat(self, due: list[Held], now: float) -> None:
+        """Beat ``due``, one call per queue."""
+        by_queue: dict[str, list[Held]] = {}
+        for held in due:
             by_queue.setdefault(held.queue, []).append(held)
-    for queue, held_here in by_queue.items():
-        try:
-            scores = await client.zmscore(keys(queue).cancelling,
-                                          [h.leased.short_id for h in held_here])
-        except redis.ResponseError as exc:  # this queue's set refused: the beats still go
-            log.debug("could not look for cancels in %s: %s", queue, exc)
-            continue
-        for held, score in zip(held_here, scores, strict=True):
-            if score is not None:
-                held.next_beat = now
+        refused: BaseException | None = None
+        async with self._sending:
+            for queue, jobs in by_queue.items():
+                try:
+                    await self._beat_queue(queue, jobs, now)
+                except REDIS_ERRORS as exc:
+                    # The other queues' leases are extended all the same (one queue's
+                    # trouble, a key written over by hand, must not let them lapse); this
+                    # one is tried again.
+                    refused = refused or exc
+        if refused is not None:
+            raise refused
 
-
-async def _beat(due: list[Held], runner: Any, keys: Callable[[str], Any], now: float,
-                on_cancel: Callable[[Held], None]) -> None:
-    by_queue: dict[str, list[Held]] = {}
-    for held in due:
-        by_queue.setdefault(held.queue, []).append(held)
-    refused: BaseException | None = None
-    for queue, jobs in by_queue.items():
+    async def _beat_queue(self, queue: str, jobs: list[Held], now: float) -> None:
         leases = [(h.leased.short_id, h.leased.token, h.leased.visibility_ms) for h in jobs]
-        try:
-            codes = await runner.run(calls.heartbeat(keys(queue), leases))
-        except REDIS_ERRORS as exc:
-            # The other queues' leases are extended all the same (one queue's trouble, a
-            # key written over by hand, must not let them lapse); this one is tried again.
-            refused = refused or exc
-            continue
+        codes = await self._runner.run(calls.heartbeat(self._keys(queue), leases))
+        self._beaten(queue, (jobs, leases), codes, now)
+
+    def _beaten(self, queue: str, beat: Beat, codes: list[int], now: float) -> None:
+        jobs, leases = beat
         lost = []
         for held, lease, code in zip(jobs, leases, codes, strict=True):
             if held.leased.token != lease[1]:
                 continue  # leased again meanwhile: the next beat carries the new token
             held.next_beat = now + beat_interval(held)
             if code == calls.BEAT_CANCEL:
-                on_cancel(held)
+                self._on_cancel(held)
             elif not code and not held.lease_lost:
                 held.lease_lost = True
                 lost.append(lease[0])
@@ -133,5 +182,3 @@ async def _beat(due: list[Held], runner: Any, keys: Callable[[str], Any], now: f
             log.warning("lost the lease of %d job(s) in %s (another worker took them over;"
                         " their results here will be refused): %s",
                         len(lost), queue, ", ".join(lost[:5]))
-    if refused is not None:
-        raise refused

@@ -1,11 +1,12 @@
 """Outcomes waiting to be recorded, sent in batches: one ``finish`` call per queue per flush.
 
 While one flush is on the wire, new outcomes collect for the next, so the batch size
-follows the load without any timer. When Redis is unreachable the outcomes stay here and
-are sent once it is back (their leases may expire meanwhile: then the finish is refused
-and the job runs again elsewhere, at least once, never lost). Each queue is tried again
-after a back-off of its own: one queue's refusals (a key of its own written over by hand,
-say) do not hold back the outcomes of the others.
+follows the load without any timer. When Redis is unreachable or refuses the call the
+outcomes stay here and are sent once it takes them; meanwhile their jobs' leases are kept
+alive (:meth:`Outbox.leases` feeds the lease heartbeat), so a job whose run has ended is
+not run again while its outcome waits. Each queue is tried again after a back-off of its
+own: one queue's refusals (a key of its own written over by hand, say) do not hold back
+the outcomes of the others.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..alerts import alerter_for
 from ..job import JobInfo
 from ..scripts import calls
 from .backoff import REDIS_ERRORS, QueueBackoff, pause_after
+from .executor import Held
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -51,13 +53,23 @@ class Outbox:
         self.alerter = alerter_for(app.alert_webhook)  # dead jobs -> webhook
         self._hook_tasks: set[asyncio.Task[None]] = set()
         self._backoff = QueueBackoff()  # queues whose last finish failed
+        # (queue, short id, token) -> the lease of an outcome not yet acknowledged
+        self._leases: dict[tuple[str, str, str], Held] = {}
         #: awaited with a queue whose acknowledgements queued workflow hand-overs
         self.on_handover: Callable[[str], Awaitable[None]] | None = None
 
-    def add(self, queue: str, outcome: calls.Outcome) -> None:
+    def add(self, queue: str, outcome: calls.Outcome, lease: Held | None = None) -> None:
+        """Record ``outcome`` of a job of ``queue``; ``lease`` (the run's) is kept alive
+        until Redis has acknowledged the outcome (see :meth:`leases`)."""
         self.pending.setdefault(queue, []).append(outcome)
+        if lease is not None:
+            self._leases[(queue, outcome.short_id, outcome.token)] = lease
         self._idle.clear()
         self._ready.set()
+
+    def leases(self) -> list[Held]:
+        """The leases of the jobs whose outcomes wait here: the worker still holds them."""
+        return list(self._leases.values())
 
     async def run(self) -> None:
         """Record outcomes as they come, until cancelled (a worker's loop never returns:
@@ -105,6 +117,8 @@ class Outbox:
                     continue  # put back below; the other queues' go on
                 batches[i] = (queue, [])
                 self._backoff.succeeded(queue)
+                for outcome in batch:  # acknowledged: their leases are no longer held
+                    self._leases.pop((queue, outcome.short_id, outcome.token), None)
                 self._after(queue, batch, done)
                 if done.handed_over and self.on_handover is not None:
                     await self.on_handover(queue)
