@@ -26,6 +26,7 @@ from ..schedule import Scheduler
 from ..scripts import calls
 from ..workflow.handover import HandOvers
 from .backoff import REDIS_ERRORS, QueueBackoff, pause_after
+from .doubt import InDoubt
 from .executor import Executor, Held
 from .handoff import WAITER_TTL_MS, Waiting, keep_renewed
 from .leases import LeaseKeeper
@@ -87,6 +88,7 @@ class Worker:
         # Queues whose last fetch failed wait out a pause of their own; the others are
         # served meanwhile.
         self._fetch_backoff = QueueBackoff()
+        self._fetches: InDoubt[str] = InDoubt()  # per queue: a fetch whose reply was lost
         self._wakes = 0  # wake-ups seen so far (one that arrives during a fetch is kept)
         self.next_due: dict[str, float | None] = {}
         self._rotation = 0
@@ -241,13 +243,7 @@ class Worker:
                 continue
             wakes = self._wakes
             try:
-                # The worker's own overdue heartbeats in this queue go first, so that the
-                # fetch reclaims no lease this worker still holds.
-                await self.lease_keeper.catch_up(queue)
-                fetched = await runner.run(calls.fetch(
-                    self.app.keys(queue), free, self.app.limits,
-                    worker=self.id if self.waiting.enabled else "",
-                    waiter_ttl_ms=WAITER_TTL_MS))
+                fetched, want = await self._fetch(runner, queue, free)
             except REDIS_ERRORS as exc:
                 self._fetch_failed(queue, exc)
                 continue
@@ -257,17 +253,38 @@ class Worker:
             self.next_due[queue] = fetched.next_due_ms
             # A wake-up that came while the fetch was on the wire may be for a job stored
             # after the script ran: look again rather than lose it.
-            self._more[queue] = len(fetched.jobs) == free or self._wakes != wakes
+            self._more[queue] = len(fetched.jobs) == want or self._wakes != wakes
             self._held_back[queue] = fetched.held
             if fetched.dead:
                 self.outbox.notify_dead(queue, fetched.dead)
             if fetched.trimmed:
                 self.outbox.notify_trimmed(queue, fetched.trimmed)
-            for leased in fetched.jobs:
+            # A fetch sent again may have leased for more slots than are free now (jobs
+            # were handed over meanwhile): the rest goes back at once, attempt refunded.
+            room = 0 if self._stopping else max(0, self.free_slots())
+            for leased in fetched.jobs[:room]:
                 self._start(queue, leased)
+            if fetched.jobs[room:]:
+                await self.hand_back(queue, [(j.short_id, j.token) for j in fetched.jobs[room:]])
             took = took or bool(fetched.jobs)
         self._rotation = (self._rotation + 1) % n
         return took
+
+    async def _fetch(self, runner: Any, queue: str, free: int) -> tuple[calls.Fetched, int]:
+        """Fetch from ``queue`` up to ``free`` jobs, or send again the fetch whose reply was
+        lost (see :mod:`.doubt`: it may have leased jobs that nobody else will run); the
+        reply and how many jobs the call asked for. The worker's own overdue heartbeats in
+        ``queue`` go first, so that the fetch reclaims no lease this worker still holds."""
+        await self.lease_keeper.catch_up(queue)
+        doubt = self._fetches.get(queue)
+        if doubt is not None:
+            call, want = doubt.call, doubt.carried
+        else:
+            call, want = calls.fetch(self.app.keys(queue), free, self.app.limits,
+                                     worker=self.id if self.waiting.enabled else "",
+                                     waiter_ttl_ms=WAITER_TTL_MS), free
+        fetched: calls.Fetched = await self._fetches.send(runner, queue, call, want)
+        return fetched, want
 
     def _fetch_failed(self, queue: str, exc: BaseException) -> None:
         """A fetch from ``queue`` failed: Redis unreachable, or refusing (out of memory, a
@@ -307,12 +324,12 @@ class Worker:
 
     async def _leave_waiting(self) -> None:
         """Unregister as a waiter and hand back what was handed over but not taken."""
+        left: dict[str, list[calls.Leased]] = {}
         with contextlib.suppress(*REDIS_ERRORS):
             async with asyncio.timeout(2.0):
                 left = await self.waiting.leave(self.app.aredis(), self.queues)
-                for queue, jobs in left.items():
-                    await self.app.ascripts().run(calls.release(
-                        self.app.keys(queue), [(j.short_id, j.token) for j in jobs]))
+        for queue, jobs in left.items():
+            await self.hand_back(queue, [(j.short_id, j.token) for j in jobs], within=2.0)
 
     def _is_due(self, queue: str) -> bool:
         due = self.next_due.get(queue)
@@ -479,28 +496,40 @@ class Worker:
             await self.nudge.wait()
 
     async def _release(self, jobs: list[Held], reason: str, within: float = 10.0) -> None:
-        """Hand ``jobs`` back to their queues, trying Redis again for up to ``within``
-        seconds (past that their leases expire and they are reclaimed, an attempt used)."""
+        """Hand ``jobs`` back to their queues (see :meth:`hand_back`), all within
+        ``within`` seconds."""
         by_queue: dict[str, list[tuple[str, str, str]]] = {}
         for held in jobs:
             lease = (held.leased.short_id, held.leased.token)
             by_queue.setdefault(held.queue, []).append((*lease, reason))
-        runner = self.app.ascripts()
         clock = asyncio.get_running_loop().time
         deadline = clock() + within
         for queue, leases in by_queue.items():
-            failures = 0
-            while True:
-                try:
-                    await runner.run(calls.release(self.app.keys(queue), leases))
-                    break
-                except REDIS_ERRORS as exc:
-                    failures += 1
-                    if clock() > deadline:
-                        log.error("could not hand back %d job(s) of %s (%s); they run again"
-                                  " when their leases expire", len(leases), queue, exc)
-                        break
-                    await asyncio.sleep(pause_after(failures))
+            await self.hand_back(queue, leases, within=max(0.0, deadline - clock()))
+
+    async def hand_back(self, queue: str,
+                        leases: Sequence[tuple[str, str] | tuple[str, str, str]],
+                        within: float = 10.0) -> None:
+        """Hand leased jobs of ``queue`` back, their attempts refunded (see
+        ``calls.release``), trying Redis again for up to ``within`` seconds with the same
+        call (its reply, if lost, is kept: see :mod:`.doubt`); past that their leases
+        expire and they are reclaimed."""
+        runner = self.app.ascripts()
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + within
+        call = calls.release(self.app.keys(queue), leases)
+        failures = 0
+        while True:
+            try:
+                await runner.run(call)
+                return
+            except REDIS_ERRORS as exc:
+                failures += 1
+                if clock() > deadline:
+                    log.error("could not hand back %d job(s) of %s (%s); they run again"
+                              " when their leases expire", len(leases), queue, exc)
+                    return
+                await asyncio.sleep(pause_after(failures))
 
     def _install_signals(self) -> None:
         self._signals: list[int] = []

@@ -36,6 +36,7 @@ from ..clock import ServerClock
 from ..keys import QueueKeys
 from ..scripts import calls
 from .backoff import REDIS_ERRORS, pause_after
+from .doubt import InDoubt
 
 log = logging.getLogger("conveyor.worker")
 WAITER_TTL_MS = 9_000  # a registration lapses this long after it was made or renewed
@@ -63,6 +64,7 @@ class Waiting:
         self._keys = keys
         self.worker_id = worker_id
         self._offers: dict[str, Offer] = {}
+        self._doubts: InDoubt[str] = InDoubt()  # per queue: a registration in doubt
         #: whether the worker takes hand-offs (a burst worker, which leaves once the queues
         #: are empty, does not)
         self.enabled = True
@@ -81,11 +83,17 @@ class Waiting:
         now = None
         for queue in queues if self.enabled else ():
             offer = self._offers.get(queue)
-            if offer is not None and offer.slots <= slots:
+            if offer is not None and offer.slots <= slots and queue not in self._doubts:
                 continue
-            now = await runner.run(calls.register_waiter(
-                self._queue_keys(queue), self.worker_id, slots, WAITER_TTL_MS))
-            self.offered(queue, slots)
+            doubt = self._doubts.get(queue)
+            if doubt is None:
+                call = calls.register_waiter(self._queue_keys(queue), self.worker_id, slots,
+                                             WAITER_TTL_MS)
+                offering = slots
+            else:  # its reply was lost: the same call again (see .doubt)
+                call, offering = doubt.call, doubt.carried
+            now = await self._doubts.send(runner, queue, call, offering)
+            self.offered(queue, offering)
         return now
 
     def offered(self, queue: str, slots: int) -> None:

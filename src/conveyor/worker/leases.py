@@ -35,6 +35,7 @@ import redis
 
 from ..scripts import calls
 from .backoff import REDIS_ERRORS, pause_after
+from .doubt import InDoubt
 from .executor import Held
 
 log = logging.getLogger("conveyor.worker")
@@ -73,6 +74,7 @@ class LeaseKeeper:
         self._keys = keys
         self._on_cancel = on_cancel
         self._client = client
+        self._doubts: InDoubt[str] = InDoubt()  # per queue: a heartbeat whose reply was lost
         self._sending = asyncio.Lock()  # the loop and a catch-up beat one at a time
         self._clock = asyncio.get_running_loop().time
 
@@ -113,16 +115,16 @@ class LeaseKeeper:
 
     async def catch_up(self, queue: str) -> None:
         """Beat now the leases of ``queue`` whose heartbeat is overdue by a whole interval
-        (the loop could not reach Redis): called before a fetch from ``queue``, which would
-        reclaim those leases once expired. A failure is left to the fetch that follows (it
-        meets the same trouble)."""
+        (the loop could not reach Redis), and a heartbeat of ``queue`` in doubt: called
+        before a fetch from ``queue``, which would reclaim those leases once expired. A
+        failure is left to the fetch that follows (it meets the same trouble)."""
         now = self._clock()
         late = [h for h in self._held_jobs() if h.queue == queue and h.next_beat is not None
                 and h.next_beat + beat_interval(h) <= now]
-        if not late:
+        if not late and queue not in self._doubts:
             return
         try:
-            await self._beat(late, now)
+            await self._beat(late, now, queues=[queue])
         except REDIS_ERRORS as exc:
             log.debug("could not extend the leases of %s before a fetch: %s", queue, exc)
 
@@ -143,9 +145,12 @@ class LeaseKeeper:
                 if score is not None:
                     held.next_beat = now
 
-    async def _beat(self, due: list[Held], now: float) -> None:
-        """Beat ``due``, one call per queue."""
-        by_queue: dict[str, list[Held]] = {}
+    async def _beat(self, due: list[Held], now: float, queues: list[str] | None = None
+                    ) -> None:
+        """Beat ``due``, one call per queue, each after that queue's heartbeat in doubt (if
+        any); with ``queues``, those queues only."""
+        by_queue: dict[str, list[Held]] = {
+            queue: [] for queue in (self._doubts if queues is None else queues)}
         for held in due:
             by_queue.setdefault(held.queue, []).append(held)
         refused: BaseException | None = None
@@ -162,9 +167,17 @@ class LeaseKeeper:
             raise refused
 
     async def _beat_queue(self, queue: str, jobs: list[Held], now: float) -> None:
-        leases = [(h.leased.short_id, h.leased.token, h.leased.visibility_ms) for h in jobs]
-        codes = await self._runner.run(calls.heartbeat(self._keys(queue), leases))
-        self._beaten(queue, (jobs, leases), codes, now)
+        doubt = self._doubts.get(queue)
+        if doubt is not None:  # its reply was lost: the same call first (see .doubt)
+            codes = await self._doubts.send(self._runner, queue, doubt.call)
+            self._beaten(queue, doubt.carried, codes, now)
+        if jobs:
+            leases = [(h.leased.short_id, h.leased.token, h.leased.visibility_ms)
+                      for h in jobs]
+            beat: Beat = (jobs, leases)
+            call = calls.heartbeat(self._keys(queue), leases)
+            self._beaten(queue, beat, await self._doubts.send(self._runner, queue, call, beat),
+                         now)
 
     def _beaten(self, queue: str, beat: Beat, codes: list[int], now: float) -> None:
         jobs, leases = beat

@@ -7,6 +7,10 @@ alive (:meth:`Outbox.leases` feeds the lease heartbeat), so a job whose run has 
 not run again while its outcome waits. Each queue is tried again after a back-off of its
 own: one queue's refusals (a key of its own written over by hand, say) do not hold back
 the outcomes of the others.
+
+A batch whose reply was lost (it may have been recorded) is sent again as it was, before
+any outcome that came after it (see :mod:`.doubt`): its reply, the first one if it ran,
+says what became of each outcome, and dead jobs' hooks and alerts follow once.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ..alerts import alerter_for
 from ..job import JobInfo
 from ..scripts import calls
 from .backoff import REDIS_ERRORS, QueueBackoff, pause_after
+from .doubt import InDoubt
 from .executor import Held
 
 if TYPE_CHECKING:
@@ -53,6 +58,7 @@ class Outbox:
         self.alerter = alerter_for(app.alert_webhook)  # dead jobs -> webhook
         self._hook_tasks: set[asyncio.Task[None]] = set()
         self._backoff = QueueBackoff()  # queues whose last finish failed
+        self._doubts: InDoubt[str] = InDoubt()  # per queue: a batch whose reply was lost
         # (queue, short id, token) -> the lease of an outcome not yet acknowledged
         self._leases: dict[tuple[str, str, str], Held] = {}
         #: awaited with a queue whose acknowledgements queued workflow hand-overs
@@ -71,6 +77,15 @@ class Outbox:
         """The leases of the jobs whose outcomes wait here: the worker still holds them."""
         return list(self._leases.values())
 
+    def _waiting(self) -> bool:
+        return bool(self.pending) or bool(self._doubts)
+
+    def _unrecorded(self) -> int:
+        """Outcomes not yet acknowledged: pending, or in a batch in doubt."""
+        doubts = (self._doubts.get(queue) for queue in self._doubts)
+        return sum(map(len, self.pending.values())) + sum(
+            len(doubt.carried) for doubt in doubts if doubt is not None)
+
     async def run(self) -> None:
         """Record outcomes as they come, until cancelled (a worker's loop never returns:
         its keeper would take that for a death)."""
@@ -84,7 +99,7 @@ class Outbox:
                 await asyncio.sleep(0)
             self._ready.clear()
             await self._flush_once()
-            if not self.pending:
+            if not self._waiting():
                 self._idle.set()
 
     async def _wait(self) -> None:
@@ -100,33 +115,48 @@ class Outbox:
         # Taken before the progress is written: every outcome taken was reported after its
         # run's last progress, so that progress goes out first (after the outcome it would
         # be refused, the job no longer being active).
-        batches = [(queue, batch) for queue in list(self.pending)
-                   if not self._backoff.waiting(queue)
-                   and (batch := self.pending.pop(queue, []))]
+        queues = [queue for queue in dict.fromkeys([*self._doubts, *self.pending])
+                  if not self._backoff.waiting(queue)]
+        batches = [(queue, self.pending.pop(queue, [])) for queue in queues]
         try:
             await self._before_flush({(queue, o.short_id) for queue, batch in batches
                                       for o in batch})
             for i, (queue, batch) in enumerate(batches):
                 try:
-                    done = await self.runner.run(
-                        calls.finish(self.app.keys(queue), batch, self.app.limits)
-                    )
+                    await self._record(queue, batch)
                 except ERRORS as exc:
                     log.warning("could not record outcomes in %s (%s); retrying in %.2f s",
                                 queue, exc, self._backoff.failed(queue))
+                    doubt = self._doubts.get(queue)
+                    if doubt is not None and doubt.carried is batch:
+                        batches[i] = (queue, [])  # sent, reply lost: it goes again as it was
                     continue  # put back below; the other queues' go on
                 batches[i] = (queue, [])
                 self._backoff.succeeded(queue)
-                for outcome in batch:  # acknowledged: their leases are no longer held
-                    self._leases.pop((queue, outcome.short_id, outcome.token), None)
-                self._after(queue, batch, done)
-                if done.handed_over and self.on_handover is not None:
-                    await self.on_handover(queue)
         finally:
             for queue, batch in batches:  # not recorded: keep their order, try again
                 if batch:
                     self.pending.setdefault(queue, [])[:0] = batch
 
+    async def _record(self, queue: str, batch: list[calls.Outcome]) -> None:
+        """Send ``queue``'s batch in doubt, if any, then ``batch`` (if not empty)."""
+        doubt = self._doubts.get(queue)
+        if doubt is not None:
+            done = await self._doubts.send(self.runner, queue, doubt.call)
+            await self._recorded(queue, doubt.carried, done)
+        if batch:
+            call = calls.finish(self.app.keys(queue), batch, self.app.limits)
+            await self._recorded(queue, batch,
+                                 await self._doubts.send(self.runner, queue, call, batch))
+
+    async def _recorded(self, queue: str, batch: list[calls.Outcome],
+                        done: calls.Finished) -> None:
+        """Redis answered the finish of ``batch``: its leases are no longer held."""
+        for outcome in batch:
+            self._leases.pop((queue, outcome.short_id, outcome.token), None)
+        self._after(queue, batch, done)
+        if done.handed_over and self.on_handover is not None:
+            await self.on_handover(queue)
 
     async def _before_flush(self, jobs: set[tuple[str, str]]) -> None:
         if self.before_flush is None or not jobs:
@@ -204,11 +234,11 @@ class Outbox:
             await self.alerter.flush()
         # Not just "nothing pending": a batch already taken off `pending` may still be on
         # the wire, and stopping now would cancel it and lose those outcomes.
-        if not self.pending and self._idle.is_set():
+        if not self._waiting() and self._idle.is_set():
             return
         self._ready.set()
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
             log.error("could not record %d outcome(s) before stopping; their jobs will run"
-                      " again when their leases expire", sum(map(len, self.pending.values())))
+                      " again when their leases expire", self._unrecorded())

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..scripts import calls
+from .doubt import InDoubt
 
 log = logging.getLogger("conveyor.worker")
 INTERVAL = 0.25  # seconds between writes: at most 4 writes per job per second
@@ -40,6 +41,7 @@ class ProgressWriter:
         # One write at a time, so that a newer value never lands before an older one.
         self._writing = asyncio.Lock()
         self.writes = 0  # job progress fields written (accepted or refused)
+        self._doubts: InDoubt[str] = InDoubt()  # per queue: a write whose reply was lost
         self.calls = 0  # script calls sent
 
     def report(self, held: Any, fraction: float, note: str) -> None:
@@ -85,19 +87,36 @@ class ProgressWriter:
         by_queue: dict[str, list[tuple[int, Any, float, str]]] = {}
         for key, (held, fraction, note) in pending.items():
             by_queue.setdefault(held.queue, []).append((key, held, fraction, note))
+        if only is None:  # a write in doubt goes again even when nothing new came
+            for queue in self._doubts:
+                by_queue.setdefault(queue, [])
         queues = list(by_queue)
         for i, queue in enumerate(queues):
             items = by_queue[queue]
-            reports = [(h.leased.short_id, h.leased.token, f, n) for _, h, f, n in items]
             try:
-                await self._runner.run(calls.progress(self._keys(queue), reports))
+                await self._write(queue, items)
             except BaseException:
+                doubt = self._doubts.get(queue)
+                if doubt is not None and doubt.carried is items:
+                    by_queue[queue] = []  # sent, reply lost: it goes again as it was
                 self._put_back([it for q in queues[i:] for it in by_queue[q]])
                 raise
+
+    async def _write(self, queue: str, items: list[tuple[int, Any, float, str]]) -> None:
+        """Send ``queue``'s write in doubt, if any (an older value first), then ``items``."""
+        doubt = self._doubts.get(queue)
+        if doubt is not None:
+            await self._doubts.send(self._runner, queue, doubt.call)
+        if items:
+            reports = [(h.leased.short_id, h.leased.token, f, n) for _, h, f, n in items]
+            call = calls.progress(self._keys(queue), reports)
+            await self._doubts.send(self._runner, queue, call, items)
             self.calls += 1
             self.writes += len(reports)
 
     def _put_back(self, items: list[tuple[int, Any, float, str]]) -> None:
+        """Keep ``items`` for the next write (unless newer reports replaced them) and wake
+        the writer for it (also with none: a write in doubt goes again)."""
         with self._lock:
             for key, held, fraction, note in items:
                 self._pending.setdefault(key, (held, fraction, note))

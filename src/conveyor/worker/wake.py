@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from redis.crc import key_slot
 
 from .. import clients
-from ..scripts import calls
 from .backoff import REDIS_ERRORS, pause_after
 from .handoff import parse as parse_handoff
 
@@ -101,7 +100,7 @@ async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) 
                     notes.warn(await _mistyped(client, {k: expected[k] for k in refused}),
                                "read as nothing while looking for work")
             elif _text(reply[0]) in handoffs:
-                await _take_handed(worker, runner, handoffs[_text(reply[0])], reply[1])
+                await _take_handed(worker, handoffs[_text(reply[0])], reply[1])
             elif worker.stopping or worker.free_slots() <= 0:
                 await _pass_on(client, reply[0])
                 await _wait_for_a_free_slot(worker)
@@ -147,7 +146,7 @@ async def _pop(client: Any, keys: list[str], block: float) -> Any:
     return None
 
 
-async def _take_handed(worker: Worker, runner: Any, queue: str, entry: bytes) -> None:
+async def _take_handed(worker: Worker, queue: str, entry: bytes) -> None:
     """Start the jobs an enqueue handed over; hand back those beyond the free slots."""
     worker.waiting.offered(queue, 0)  # the enqueue used the registration
     handed = parse_handoff(entry)
@@ -155,8 +154,7 @@ async def _take_handed(worker: Worker, runner: Any, queue: str, entry: bytes) ->
         return
     extra = worker.take_handed(queue, handed)
     if extra:
-        await runner.run(calls.release(worker.app.keys(queue),
-                                       [(job.short_id, job.token) for job in extra]))
+        await worker.hand_back(queue, [(job.short_id, job.token) for job in extra])
 
 
 def _text(value: Any) -> str:
