@@ -15,13 +15,19 @@ from conveyor.keys import QueueKeys
 from conveyor.scripts import SCRIPT_NAMES, assemble, calls, source
 from helpers import RedisServer, env_with_src
 
-HEADER = re.compile(r"^-- (KEYS|ARGV)\[(\d+)\]\s+(\w+)", re.MULTILINE)
+HEADER = re.compile(r"^-- (K|A)\.(\w+)", re.MULTILINE)
+ITEM_COUNT = re.compile(r"^-- A\.\w+ .*?(\d+) fields? each", re.MULTILINE)
+USES = re.compile(r"(?<![\w.])(K|A|ITEM)\.(\w+)")
+POSITION = re.compile(r"\b(KEYS|ARGV)\[[^\]]*\d")  # a digit inside KEYS[...] or ARGV[...]
+
+
+def own_text(path: str) -> str:
+    return (resources.files("conveyor.scripts") / path).read_text()
 
 
 def header(name: str) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {"KEYS": [], "ARGV": []}
-    for kind, index, label in HEADER.findall(source(name)):
-        assert int(index) == len(found[kind]) + 1, f"{name}.lua: {kind}[{index}] out of order"
+    found: dict[str, list[str]] = {"K": [], "A": []}
+    for kind, label in HEADER.findall(own_text(f"{name}.lua")):
         found[kind].append(label)
     return found
 
@@ -29,10 +35,87 @@ def header(name: str) -> dict[str, list[str]]:
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_header_matches_wrapper(name: str) -> None:
     h = header(name)
-    assert tuple(h["KEYS"]) == calls.KEYS[name]
-    assert tuple(h["ARGV"]) == calls.ARGV[name]._fields  # type: ignore[attr-defined]
+    assert tuple(h["K"]) == calls.KEYS[name]
+    assert tuple(h["A"]) == calls.ARGV[name]._fields  # type: ignore[attr-defined]
     for key in calls.KEYS[name]:
         assert key in QueueKeys.__dataclass_fields__, f"{name}: unknown key {key}"
+    # The header's "N fields each" of the items a call carries is their tuple's length.
+    counts = [int(n) for n in ITEM_COUNT.findall(own_text(f"{name}.lua"))]
+    item = calls.ITEMS.get(name)
+    assert counts == ([] if item is None or len(item._fields) == 1  # type: ignore[attr-defined]
+                      else [len(item._fields)])  # type: ignore[attr-defined]
+
+
+def lua_files() -> list[str]:
+    root = resources.files("conveyor.scripts")
+    return sorted([f"{p.name}" for p in root.iterdir() if p.name.endswith(".lua")]
+                  + [f"include/{p.name}" for p in (root / "include").iterdir()
+                     if p.name.endswith(".lua")])
+
+
+@pytest.mark.parametrize("path", lua_files())
+def test_no_lua_file_writes_a_position(path: str) -> None:
+    # Positions exist only in the bindings the loader makes from conveyor.scripts.signatures
+    # (K, A, ITEM): a reordered tuple then moves the script's names with it.
+    text = own_text(path)
+    found = [line for line in text.splitlines() if POSITION.search(line)]
+    assert not found, f"{path} indexes KEYS/ARGV by a number: {found}"
+    assert not re.search(r"^\s*local (K|A|ITEM)\b", text, re.MULTILINE), (
+        f"{path} binds K, A or ITEM itself; the loader does")
+
+
+def test_the_position_check_catches_positions() -> None:
+    for bad in ("local x = ARGV[3]", "KEYS[1]", "ARGV[base + 2]", "-- ARGV[2..] ids"):
+        assert POSITION.search(bad), bad
+    for good in ("ARGV[base + ITEM.token]", "#ARGV", "K.job_prefix", "ARGV[FIRST + i * FIELDS]"):
+        assert not POSITION.search(good), good
+
+
+def included(name: str) -> list[str]:
+    """Every file script ``name`` is made of: itself and its includes, recursively."""
+    read_paths: list[str] = []
+
+    def read(path: str) -> str:
+        read_paths.append(path)
+        return own_text(path)
+
+    assemble(name, read)
+    return read_paths
+
+
+def defined(name: str) -> dict[str, set[str]]:
+    item = calls.ITEMS.get(name)
+    return {"K": set(calls.KEYS[name]),
+            "A": set(calls.ARGV[name]._fields),  # type: ignore[attr-defined]
+            "ITEM": set() if item is None
+            else {"first", "fields", *item._fields}}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_every_binding_used_is_defined_by_each_host(name: str) -> None:
+    # An include reads its host's arguments by name; every script that includes it (also
+    # through another include) must bind each of those names, or the include reads nil.
+    names = defined(name)
+    for path in included(name):
+        for kind, label in USES.findall(own_text(path)):
+            assert label in names[kind], (
+                f"{path} uses {kind}.{label}, which {name}.lua does not bind")
+
+
+def test_item_fields_do_not_shadow_the_item_layout() -> None:
+    for name, item in calls.ITEMS.items():
+        assert name in SCRIPT_NAMES
+        assert not {"first", "fields"} & set(item._fields)  # type: ignore[attr-defined]
+        # the count of items is the last fixed argument
+        assert calls.ARGV[name]._fields  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_bindings_come_after_the_transport_takes_its_part(name: str) -> None:
+    text = source(name)
+    assert text.index("table.remove(ARGV)") < text.index("local function body_()") \
+        < text.index("local K = {") < text.index("local A = {")
+    assert text.count("local K = {") == 1
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)

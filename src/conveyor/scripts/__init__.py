@@ -24,7 +24,7 @@ from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError, ResponseError
 
 from ..clock import TIME_COMMAND, from_reply
-from . import plain
+from . import plain, signatures
 
 if TYPE_CHECKING:
     from ..keys import QueueKeys
@@ -67,7 +67,36 @@ def source(name: str) -> str:
             raise FileNotFoundError(f"no Lua file {path!r} in {__package__}")
         return file.read_text(encoding="utf-8")
 
-    return keep_reply(assemble(name, read))
+    return keep_reply(with_bindings(name, assemble(name, read)))
+
+
+def bindings(name: str) -> str:
+    """The Lua that binds script ``name``'s arguments to names, made from
+    :mod:`.signatures`: ``K.<key>`` for each KEYS entry, ``A.<arg>`` for each fixed ARGV
+    entry and, for a script whose call carries items, ``ITEM``: where the items start in
+    ARGV (``first``), how many fields each has (``fields``) and each field's offset in an
+    item (from 0). The only place a script's positions are written."""
+    keys = ", ".join(f"{key} = KEYS[{i}]" for i, key in enumerate(signatures.KEYS[name], 1))
+    fixed = signatures.ARGV[name]._fields  # type: ignore[attr-defined]
+    args = ", ".join(f"{arg} = ARGV[{i}]" for i, arg in enumerate(fixed, 1))
+    lines = ["-- Bindings made by the loader from conveyor.scripts.signatures (item i from 0,",
+             "-- its field f: ARGV[ITEM.first + i * ITEM.fields + ITEM.f]).",
+             f"local K = {{ {keys} }}", f"local A = {{ {args} }}"]
+    item = signatures.ITEMS.get(name)
+    if item is not None:
+        fields = item._fields  # type: ignore[attr-defined]
+        offsets = ", ".join(f"{field} = {i}" for i, field in enumerate(fields))
+        lines.append(f"local ITEM = {{ first = {len(fixed) + 1}, fields = {len(fields)},"
+                     f" {offsets} }}")
+    return "\n".join(lines) + "\n"
+
+
+def with_bindings(name: str, text: str) -> str:
+    """``text`` (script ``name`` assembled) with its :func:`bindings` right after the
+    shebang: inside the body :func:`keep_reply` wraps, so after the transport's own
+    entries were taken off KEYS and ARGV."""
+    shebang, _, body = text.partition("\n")
+    return f"{shebang}\n{bindings(name)}{body}"
 
 
 # Every mutating call can be sent again without applying twice. A call whose reply was

@@ -17,177 +17,42 @@ from typing import Any, NamedTuple
 
 from ..keys import QueueKeys
 from . import Arg, ScriptCall
-
-KEYS: dict[str, tuple[str, ...]] = {
-    "enqueue": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "counts",
-                "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix", "throttle_prefix",
-                "leases", "dead", "active", "seq", "events", "paused", "limits", "buckets",
-                "running", "parked", "waiters", "waiter_offers", "handoff_prefix"),
-    "fetch": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "leases",
-              "dead", "counts", "active", "seq", "dedupe_prefix", "events", "metrics_prefix",
-              "wake", "paused", "limits", "buckets", "running", "parked", "waiters",
-              "waiter_offers"),
-    "finish": ("job_prefix", "leases", "delayed", "dead", "active", "idle", "dedupe_prefix",
-               "events", "metrics_prefix", "wake", "counts", "running", "parked", "limits",
-               "ready_prefix", "ring_prefix", "priorities"),
-    "heartbeat": ("job_prefix", "leases", "cancelling"),
-    "release": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "leases", "counts",
-                "active", "wake", "running", "parked", "limits"),
-    "cancel": ("job_prefix", "delayed", "counts", "dedupe_prefix", "cancelling"),
-    "requeue_dead": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "dead",
-                     "counts", "wake", "dedupe_prefix"),
-    "purge_dead": ("job_prefix", "dead"),
-    "progress": ("job_prefix",),
-    "step": ("job_prefix",),
-    "workflow_enqueue": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed",
-                         "counts", "wake", "metrics_prefix", "handover", "waiting_prefix",
-                         "workflow_prefix"),
-    "workflow_release": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed",
-                         "counts", "wake", "handover", "waiting_prefix"),
-    "workflow_settle": ("workflow_prefix",),
-    "set_limits": ("limits", "buckets", "parked", "ready_prefix", "ring_prefix", "priorities",
-                   "wake", "counts"),
-    "register_waiter": ("waiters", "waiter_offers"),
-}
-# The fixed ARGV of each script, in the order of its header (a test compares the fields
-# with the .lua files); what follows them (the jobs, outcomes, ... a call carries) is
-# appended by the function that builds the call.
-class EnqueueArgv(NamedTuple):
-    now: str
-    bucket_seconds: int
-    bucket_ttl: int
-    claim: str
-    claim_tick: Arg
-    claim_mode: str
-    task: str
-    priority: int
-    tenant: str
-    delay_ms: str
-    at_ms: str
-    max_attempts: int
-    key: str
-    visibility_ms: int
-    debounce_ms: str
-    debounce_max_ms: str
-    throttle_ms: str
-    trace: str
-    dead_cap: int
-    events_maxlen: int
-    jobs: int
-
-
-class FetchArgv(NamedTuple):
-    now: str
-    want: int
-    dead_cap: int
-    events_maxlen: int
-    bucket_seconds: int
-    bucket_ttl: int
-    nonce: str
-    worker: str
-    waiter_ttl_ms: int
-
-
-class FinishArgv(NamedTuple):
-    now: str
-    retention: int
-    dead_cap: int
-    events_maxlen: int
-    bucket_seconds: int
-    bucket_ttl: int
-    snooze_cap: int
-    outcomes: int
-
-
-class HeartbeatArgv(NamedTuple):
-    now: str
-    leases: int
-
-
-class ReleaseArgv(NamedTuple):
-    jobs: int
-
-
-class CancelArgv(NamedTuple):
-    now: str
-    retention: int
-    id: str
-    reason: str
-
-
-class RequeueDeadArgv(NamedTuple):
-    limit: int
-
-
-class PurgeDeadArgv(NamedTuple):
-    limit: int
-
-
-class ProgressArgv(NamedTuple):
-    reports: int
-
-
-class StepArgv(NamedTuple):
-    id: str
-    token: str
-    name: str
-    value: bytes
-
-
-class WorkflowEnqueueArgv(NamedTuple):
-    now: str
-    bucket_seconds: int
-    bucket_ttl: int
-    retention: int
-    workflow: str
-    home: str
-    nodes: bytes | str
-    total: int
-    node_count: int
-
-
-class WorkflowReleaseArgv(NamedTuple):
-    now: str
-    retention: int
-    handovers: int
-
-
-class WorkflowSettleArgv(NamedTuple):
-    retention: int
-    workflow: str
-    ended: int
-
-
-class SetLimitsArgv(NamedTuple):
-    clear: str
-    changes: int
-
-
-class RegisterWaiterArgv(NamedTuple):
-    now: str
-    worker: str
-    slots: int
-    nonce: str
-    ttl_ms: int
-
-
-ARGV: dict[str, type[tuple[Any, ...]]] = {
-    "enqueue": EnqueueArgv,
-    "fetch": FetchArgv,
-    "finish": FinishArgv,
-    "heartbeat": HeartbeatArgv,
-    "release": ReleaseArgv,
-    "cancel": CancelArgv,
-    "requeue_dead": RequeueDeadArgv,
-    "purge_dead": PurgeDeadArgv,
-    "progress": ProgressArgv,
-    "step": StepArgv,
-    "workflow_enqueue": WorkflowEnqueueArgv,
-    "workflow_release": WorkflowReleaseArgv,
-    "workflow_settle": WorkflowSettleArgv,
-    "set_limits": SetLimitsArgv,
-    "register_waiter": RegisterWaiterArgv,
-}
+from .signatures import (
+    ARGV as ARGV,
+)
+from .signatures import (
+    ITEMS as ITEMS,
+)
+from .signatures import (
+    KEYS as KEYS,
+)
+from .signatures import (
+    CancelArgv,
+    EnqueueArgv,
+    EnqueueItem,
+    FetchArgv,
+    FinishArgv,
+    FinishItem,
+    HeartbeatArgv,
+    HeartbeatItem,
+    ProgressArgv,
+    ProgressItem,
+    PurgeDeadArgv,
+    RegisterWaiterArgv,
+    ReleaseArgv,
+    ReleaseItem,
+    RequeueDeadArgv,
+    RequeueDeadItem,
+    SetLimitsArgv,
+    SetLimitsItem,
+    StepArgv,
+    WorkflowEnqueueArgv,
+    WorkflowEnqueueItem,
+    WorkflowReleaseArgv,
+    WorkflowReleaseItem,
+    WorkflowSettleArgv,
+    WorkflowSettleItem,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,8 +161,7 @@ def enqueue(
         jobs=len(jobs))
     rest: list[Arg] = []
     for short_id, encoded in jobs:
-        rest.append(short_id)
-        rest.append(encoded)
+        rest.extend(EnqueueItem(short_id, encoded))
     return _call("enqueue", k, fixed, rest, _parse_enqueue(jobs))
 
 
@@ -500,8 +364,8 @@ def finish(
                        len(outcomes))
     rest: list[Arg] = []
     for o in outcomes:
-        rest.extend((o.short_id, o.token, o.outcome, f"{o.started_at:.6f}", o.payload,
-                     o.retry_delay_ms))
+        rest.extend(FinishItem(o.short_id, o.token, o.outcome, f"{o.started_at:.6f}",
+                               o.payload, o.retry_delay_ms))
     return _call("finish", k, fixed, rest, _parse_finish)
 
 
@@ -515,7 +379,7 @@ def heartbeat(
     :data:`BEAT_LOST`, or :data:`BEAT_CANCEL` (kept, and the job is to be cancelled)."""
     rest: list[Arg] = []
     for short_id, token, extend_ms in leases:
-        rest.extend((short_id, token, extend_ms))
+        rest.extend(HeartbeatItem(short_id, token, extend_ms))
     return _call("heartbeat", k, HeartbeatArgv(_now(now), len(leases)), rest,
                  lambda r: [int(c) for c in r])
 
@@ -528,7 +392,7 @@ def release(
     either way the attempt is refunded."""
     rest: list[Arg] = []
     for job in jobs:
-        rest.extend((job[0], job[1], job[2] if len(job) > 2 else ""))
+        rest.extend(ReleaseItem(job[0], job[1], job[2] if len(job) > 2 else ""))
     return _call("release", k, ReleaseArgv(len(jobs)), rest, int)
 
 
@@ -546,7 +410,8 @@ CANCELLABLE = ("scheduled", "retrying", "ready", "active")
 
 def requeue_dead(k: QueueKeys, short_ids: Sequence[str], limit: int = 1000) -> ScriptCall[int]:
     """Requeue the given dead jobs, or (no ids) up to ``limit`` of the oldest."""
-    return _call("requeue_dead", k, RequeueDeadArgv(limit), short_ids, int)
+    rest = [field for short_id in short_ids for field in RequeueDeadItem(short_id)]
+    return _call("requeue_dead", k, RequeueDeadArgv(limit), rest, int)
 
 
 def purge_dead(k: QueueKeys, limit: int = 1000) -> ScriptCall[int]:
@@ -559,7 +424,7 @@ def progress(k: QueueKeys, reports: Sequence[tuple[str, str, float, str]]) -> Sc
     (a stale token, or a job being cancelled)."""
     rest: list[Arg] = []
     for short_id, token, fraction, note in reports:
-        rest.extend((short_id, token, repr(float(fraction)), note))
+        rest.extend(ProgressItem(short_id, token, repr(float(fraction)), note))
     return _call("progress", k, ProgressArgv(len(reports)), rest,
                  lambda r: [int(c) for c in r])
 
@@ -615,13 +480,12 @@ def workflow_enqueue(
     rest: list[Arg] = []
     for node in nodes:
         s = node.spec
-        rest.extend((
-            node.short_id, s.task, s.priority, s.tenant,
-            "" if s.delay_ms is None else repr(float(s.delay_ms)),
-            "" if s.at_ms is None else repr(float(s.at_ms)),
-            s.max_attempts, s.visibility_ms, node.args, node.name, node.waits_for,
-            node.run_if, node.parents, node.children,
-        ))
+        rest.extend(WorkflowEnqueueItem(
+            short_id=node.short_id, task=s.task, priority=s.priority, tenant=s.tenant,
+            delay_ms=_opt(s.delay_ms), at_ms=_opt(s.at_ms), max_attempts=s.max_attempts,
+            visibility_ms=s.visibility_ms, args=node.args, name=node.name,
+            waits_for=node.waits_for, run_if=node.run_if, parents=node.parents,
+            children=node.children))
     return _call("workflow_enqueue", k, fixed, rest, int)
 
 
@@ -634,7 +498,7 @@ def workflow_release(
     were released and how many cancelled."""
     rest: list[Arg] = []
     for child, parent, outcome in handovers:
-        rest.extend((child, parent, outcome))
+        rest.extend(WorkflowReleaseItem(child, parent, outcome))
     return _call("workflow_release", k, WorkflowReleaseArgv(_now(now), limits.retention,
                                                             len(handovers)),
                  rest, lambda r: (int(r[0]), int(r[1])))
@@ -646,7 +510,8 @@ def workflow_settle(
     """Note in the home queue that nodes (job ids) of a workflow ended; the reply is how
     many have ended in all."""
     fixed = WorkflowSettleArgv(limits.retention, workflow_short_id, len(ended))
-    return _call("workflow_settle", k, fixed, ended, int)
+    rest = [field for node in ended for field in WorkflowSettleItem(node)]
+    return _call("workflow_settle", k, fixed, rest, int)
 
 
 def _parse_hash(reply: Any) -> dict[str, str]:
@@ -660,6 +525,6 @@ def set_limits(
     ``clear`` removes every limit first. The reply is the limits hash afterwards."""
     rest: list[Arg] = []
     for name, value in changes:
-        rest.extend((name, value))
+        rest.extend(SetLimitsItem(name, value))
     return _call("set_limits", k, SetLimitsArgv("1" if clear else "", len(changes)), rest,
                  _parse_hash)

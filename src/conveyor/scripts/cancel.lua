@@ -9,15 +9,15 @@
 -- the fetch could not tell it from a ready job whose record was lost, and would take it
 -- off the ready count a second time.
 --
--- KEYS[1] job_prefix
--- KEYS[2] delayed
--- KEYS[3] counts
--- KEYS[4] dedupe_prefix
--- KEYS[5] cancelling
--- ARGV[1] now        '' for the server clock (ms override, tests only)
--- ARGV[2] retention  seconds the cancelled record is kept
--- ARGV[3] id         short id of the job
--- ARGV[4] reason     who cancelled it and why (stored as the job's error)
+-- K.job_prefix
+-- K.delayed
+-- K.counts
+-- K.dedupe_prefix
+-- K.cancelling
+-- A.now              '' for the server clock (ms override, tests only)
+-- A.retention        seconds the cancelled record is kept
+-- A.id               short id of the job
+-- A.reason           who cancelled it and why (stored as the job's error)
 -- Returns: the state the job was in ('' when there is no such job); it was cancelled
 --          (or, when 'active', marked for cancelling) only if that state was scheduled,
 --          retrying, ready or active
@@ -25,9 +25,8 @@
 --@include counter
 --@include finish
 
-local job_prefix, delayed, counts, dedupe_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local cancelling = KEYS[5]
-local retention, id, reason = tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local job_prefix = K.job_prefix
+local retention, id, reason = tonumber(A.retention), A.id, A.reason
 if not retention or not id or id == '' or not reason then
   return redis.error_reply('ERR cancel: retention must be a number and id non-empty')
 end
@@ -37,19 +36,19 @@ local key = job_prefix .. id
 local f = redis.pcall('HMGET', key, 's', 'key')  -- a key that holds no hash: no job record
 local state = f[1]
 if not state then return '' end
-local now = now_ms(ARGV[1])
+local now = now_ms(A.now)
 if state == 'active' then
   if redis.call('HSETNX', key, 'cancel', reason) == 1 then
     redis.call('HSET', key, 'cancel_ttl', retention)
-    redis.call('ZADD', cancelling, now, id)
+    redis.call('ZADD', K.cancelling, now, id)
     -- Requests whose holder never answered (it died; the lease expiry settled the job).
-    redis.call('ZREMRANGEBYSCORE', cancelling, '-inf', now - 3600000)
+    redis.call('ZREMRANGEBYSCORE', K.cancelling, '-inf', now - 3600000)
   end
   return state
 elseif state == 'scheduled' or state == 'retrying' then
-  redis.call('ZREM', delayed, id)
+  redis.call('ZREM', K.delayed, id)
 elseif state == 'ready' then
-  add_count(counts, 'ready', -1)
+  add_count(K.counts, 'ready', -1)
 else
   return state
 end
@@ -59,6 +58,6 @@ if state == 'ready' then
 else
   redis.call('EXPIRE', key, retention)
 end
-free_dedupe_key(dedupe_prefix, f[2], id)
+free_dedupe_key(K.dedupe_prefix, f[2], id)
 hand_over(job_prefix, id, now)
 return state

@@ -2,53 +2,53 @@
 -- Store a batch of new jobs of one task with the same options, and make them ready (or
 -- scheduled, when due later). Options are sent once per batch, not once per job.
 --
--- KEYS[1] job_prefix      job record hashes: job_prefix .. short id
--- KEYS[2] ready_prefix    ready lists: ready_prefix .. priority .. ':' .. tenant
--- KEYS[3] ring_prefix     tenant rings: ring_prefix .. priority
--- KEYS[4] priorities      zset of priorities with ready jobs
--- KEYS[5] delayed         zset short id -> due time (ms)
--- KEYS[6] counts          hash: ready
--- KEYS[7] dedupe_prefix   dedupe keys: dedupe_prefix .. key -> short id
--- KEYS[8] wake            wake marker list
--- KEYS[9] metrics_prefix  metric buckets
--- KEYS[10] schedule_prefix last fired tick per periodic: schedule_prefix .. name -> ms
--- KEYS[11] throttle_prefix throttle windows: throttle_prefix .. key -> short id (expires)
--- KEYS[12] leases
--- KEYS[13] dead
--- KEYS[14] active
--- KEYS[15] seq
--- KEYS[16] events
--- KEYS[17] paused
--- KEYS[18] limits
--- KEYS[19] buckets
--- KEYS[20] running
--- KEYS[21] parked
--- KEYS[22] waiters
--- KEYS[23] waiter_offers
--- KEYS[24] handoff_prefix
--- ARGV[1] now             '' for the server clock (ms override, tests only)
--- ARGV[2] bucket_seconds  width of a metric bucket
--- ARGV[3] bucket_ttl      lifetime of a metric bucket (s)
--- ARGV[4] claim           '' or a periodic's name: store the jobs only if this call is the
+-- K.job_prefix            job record hashes: job_prefix .. short id
+-- K.ready_prefix          ready lists: ready_prefix .. priority .. ':' .. tenant
+-- K.ring_prefix           tenant rings: ring_prefix .. priority
+-- K.priorities            zset of priorities with ready jobs
+-- K.delayed               zset short id -> due time (ms)
+-- K.counts                hash: ready
+-- K.dedupe_prefix         dedupe keys: dedupe_prefix .. key -> short id
+-- K.wake                  wake marker list
+-- K.metrics_prefix        metric buckets
+-- K.schedule_prefix last fired tick per periodic: schedule_prefix .. name -> ms
+-- K.throttle_prefix throttle windows: throttle_prefix .. key -> short id (expires)
+-- K.leases
+-- K.dead
+-- K.active
+-- K.seq
+-- K.events
+-- K.paused
+-- K.limits
+-- K.buckets
+-- K.running
+-- K.parked
+-- K.waiters
+-- K.waiter_offers
+-- K.handoff_prefix
+-- A.now                   '' for the server clock (ms override, tests only)
+-- A.bucket_seconds        width of a metric bucket
+-- A.bucket_ttl            lifetime of a metric bucket (s)
+-- A.claim                 '' or a periodic's name: store the jobs only if this call is the
 --                         first to claim tick `claim_tick` of it (exactly once per tick)
--- ARGV[5] claim_tick      the tick (ms) being claimed
--- ARGV[6] claim_mode      'fire', or 'seen': only fire if the periodic has fired before
+-- A.claim_tick            the tick (ms) being claimed
+-- A.claim_mode            'fire', or 'seen': only fire if the periodic has fired before
 --                         (a first start records the tick instead of firing for the past)
--- ARGV[7] task            task name of every job
--- ARGV[8] priority        0-9
--- ARGV[9] tenant          '' for none
--- ARGV[10] delay_ms       '' or run no sooner than this long after now
--- ARGV[11] at_ms          '' or run no sooner than this epoch time (ms)
--- ARGV[12] max_attempts   runs allowed in all
--- ARGV[13] key            '' or a dedupe key (batches of one job only)
--- ARGV[14] visibility_ms  lease length
--- ARGV[15] debounce_ms    '' or: with a key, run once this long after the latest enqueue
--- ARGV[16] debounce_max_ms '' or: ... but no later than this long after the first one
--- ARGV[17] throttle_ms    '' or: with a key, the key stays taken this long from the first
--- ARGV[18] trace          '' or the trace id (32 hex chars) of the call, for the sink
--- ARGV[19] dead_cap       most dead letters kept (a hand-off may meet a bad record)
--- ARGV[20] events_maxlen  approximate cap of the events stream
--- ARGV[21] jobs           number of jobs that follow, 2 fields each: short id, args
+-- A.task                  task name of every job
+-- A.priority              0-9
+-- A.tenant                '' for none
+-- A.delay_ms              '' or run no sooner than this long after now
+-- A.at_ms                 '' or run no sooner than this epoch time (ms)
+-- A.max_attempts          runs allowed in all
+-- A.key                   '' or a dedupe key (batches of one job only)
+-- A.visibility_ms         lease length
+-- A.debounce_ms           '' or: with a key, run once this long after the latest enqueue
+-- A.debounce_max_ms '' or: ... but no later than this long after the first one
+-- A.throttle_ms           '' or: with a key, the key stays taken this long from the first
+-- A.trace                 '' or the trace id (32 hex chars) of the call, for the sink
+-- A.dead_cap              most dead letters kept (a hand-off may meet a bad record)
+-- A.events_maxlen         approximate cap of the events stream
+-- A.jobs                  number of jobs that follow, 2 fields each: short id, args
 -- Returns: the number of jobs stored (all of them); or, when a held dedupe key or a taken
 --          claim stops it, a list: { short id of the job holding the key, 0 } or {}
 --@include clock
@@ -58,22 +58,21 @@
 --@include metrics
 --@include keyed
 --@include enqueue_checks
---@include handoff
+--@include enqueue_handoff
 
-local job_prefix, ready_prefix, ring_prefix = KEYS[1], KEYS[2], KEYS[3]
-local priorities, delayed, counts = KEYS[4], KEYS[5], KEYS[6]
-local dedupe_prefix, wake, metrics_prefix, schedule_prefix = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local bucket_seconds, bucket_ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
-local claim, claim_tick, claim_mode = ARGV[4], tonumber(ARGV[5]), ARGV[6]
-local task, priority, tenant = ARGV[7], tonumber(ARGV[8]), ARGV[9]
-local delay_ms, at_ms, max_attempts = ARGV[10], ARGV[11], tonumber(ARGV[12])
-local key, visibility_ms = ARGV[13], tonumber(ARGV[14])
-local debounce_ms, debounce_max_ms = tonumber(ARGV[15]), tonumber(ARGV[16])
-local throttle_ms, trace, n_jobs = tonumber(ARGV[17]), ARGV[18], tonumber(ARGV[21])
-local FIRST = 22
+local job_prefix, delayed, counts, schedule_prefix = K.job_prefix, K.delayed, K.counts,
+  K.schedule_prefix
+local bucket_seconds, bucket_ttl = tonumber(A.bucket_seconds), tonumber(A.bucket_ttl)
+local claim, claim_tick, claim_mode = A.claim, tonumber(A.claim_tick), A.claim_mode
+local task, priority, tenant = A.task, tonumber(A.priority), A.tenant
+local delay_ms, at_ms, max_attempts = A.delay_ms, A.at_ms, tonumber(A.max_attempts)
+local key, visibility_ms = A.key, tonumber(A.visibility_ms)
+local debounce_ms, debounce_max_ms = tonumber(A.debounce_ms), tonumber(A.debounce_max_ms)
+local throttle_ms, trace, n_jobs = tonumber(A.throttle_ms), A.trace, tonumber(A.jobs)
+local FIRST, FIELDS, ID, ARGS = ITEM.first, ITEM.fields, ITEM.short_id, ITEM.args
 
 -- Validate everything before the first write: a script is never half-applied.
-local problem = enqueue_problem(FIRST)
+local problem = enqueue_problem()
 if problem then return redis.error_reply('ERR enqueue: ' .. problem) end
 
 if claim ~= '' then
@@ -83,11 +82,10 @@ if claim ~= '' then
   if not last and claim_mode == 'seen' then return {} end
 end
 
-local now = now_ms(ARGV[1])
+local now = now_ms(A.now)
 if key ~= '' then
-  local existing = keyed_existing({ job_prefix = job_prefix, dedupe_prefix = dedupe_prefix,
-    throttle_prefix = KEYS[11], delayed = delayed }, { key = key, args = ARGV[FIRST + 1],
-    now = now, debounce_ms = debounce_ms, throttle = throttle_ms ~= nil })
+  local existing = keyed_existing(K, { key = key, args = ARGV[FIRST + ARGS], now = now,
+    debounce_ms = debounce_ms, throttle = throttle_ms ~= nil })
   if existing then return { existing, 0 } end
 end
 
@@ -100,11 +98,15 @@ local state = scheduled and 'scheduled' or 'ready'
 -- Only what differs from the defaults is stored (include/job_record.lua): a queued job
 -- costs less memory. Readers take absent attempts as 0, tenant as none, run_at as 'e'.
 local record = { 't', task, 's', state, 'e', string.format('%d', now) }
-if ARGV[8] ~= DEFAULT_PRIORITY then record[#record + 1] = 'p'; record[#record + 1] = ARGV[8] end
-if max_attempts ~= DEFAULT_MAX_ATTEMPTS then
-  record[#record + 1] = 'm'; record[#record + 1] = ARGV[12]
+if A.priority ~= DEFAULT_PRIORITY then
+  record[#record + 1] = 'p'; record[#record + 1] = A.priority
 end
-if visibility_ms ~= DEFAULT_VT then record[#record + 1] = 'v'; record[#record + 1] = ARGV[14] end
+if max_attempts ~= DEFAULT_MAX_ATTEMPTS then
+  record[#record + 1] = 'm'; record[#record + 1] = A.max_attempts
+end
+if visibility_ms ~= DEFAULT_VT then
+  record[#record + 1] = 'v'; record[#record + 1] = A.visibility_ms
+end
 if tenant ~= '' then record[#record + 1] = 'tenant'; record[#record + 1] = tenant end
 if scheduled then record[#record + 1] = 'run_at'; record[#record + 1] = seconds(due) end
 if key ~= '' then record[#record + 1] = 'key'; record[#record + 1] = key end
@@ -123,14 +125,14 @@ local n_fields = #record
 -- the count is taken back when the listing fails; the metrics and the wake-up come last,
 -- and a key of theirs that refuses is passed over (write_tally, wake_one, live_waiter).
 local ids = {}
-for i = 0, n_jobs - 1 do ids[i + 1] = ARGV[FIRST + i * 2] end
+for i = 0, n_jobs - 1 do ids[i + 1] = ARGV[FIRST + i * FIELDS + ID] end
 if n_jobs > 0 then
   if scheduled then
     for _, id in ipairs(ids) do redis.call('ZADD', delayed, due, id) end
   else
     add_count(counts, 'ready', n_jobs)
-    local listed, refused = pcall(push_ready_many, ready_prefix, ring_prefix, priorities, ids,
-      ARGV[8], tenant)
+    local listed, refused = pcall(push_ready_many, K.ready_prefix, K.ring_prefix, K.priorities,
+      ids, A.priority, tenant)
     if not listed then
       add_count(counts, 'ready', -n_jobs)
       return redis.error_reply(type(refused) == 'table' and refused.err or tostring(refused))
@@ -138,18 +140,17 @@ if n_jobs > 0 then
   end
 end
 for i = 0, n_jobs - 1 do
-  record[n_fields + 1], record[n_fields + 2] = 'a', ARGV[FIRST + i * 2 + 1]
+  record[n_fields + 1], record[n_fields + 2] = 'a', ARGV[FIRST + i * FIELDS + ARGS]
   redis.call('HSET', job_prefix .. ids[i + 1], unpack(record))
 end
 if key ~= '' then
-  keyed_created({ dedupe_prefix = dedupe_prefix, throttle_prefix = KEYS[11] }, key, ids[1],
-    throttle_ms)
+  keyed_created(K, key, ids[1], throttle_ms)
 end
 
 if n_jobs > 0 then
   local tally = new_tally()
   count(tally, task, 'enqueued', n_jobs)
-  write_tally(tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
+  write_tally(tally, bucket_key(K.metrics_prefix, now, bucket_seconds), bucket_ttl)
   enqueue_hand_off(now, scheduled and 0 or n_jobs)  -- or wake a worker
 end
 return n_jobs

@@ -6,31 +6,31 @@
 -- An outcome is accepted only with the fencing token of the job's current lease: a worker
 -- whose lease expired and was taken over cannot record anything, so one success is kept.
 --
--- KEYS[1]  job_prefix
--- KEYS[2]  leases
--- KEYS[3]  delayed
--- KEYS[4]  dead
--- KEYS[5]  active
--- KEYS[6]  idle
--- KEYS[7]  dedupe_prefix
--- KEYS[8]  events
--- KEYS[9]  metrics_prefix
--- KEYS[10] wake
--- KEYS[11] counts
--- KEYS[12] running
--- KEYS[13] parked
--- KEYS[14] limits
--- KEYS[15] ready_prefix
--- KEYS[16] ring_prefix
--- KEYS[17] priorities
--- ARGV[1] now             '' for the server clock (ms override, tests only)
--- ARGV[2] retention       seconds a finished job record (and its result) is kept
--- ARGV[3] dead_cap        most dead letters kept
--- ARGV[4] events_maxlen   approximate cap of the events stream
--- ARGV[5] bucket_seconds  width of a metric bucket
--- ARGV[6] bucket_ttl      lifetime of a metric bucket (s)
--- ARGV[7] snooze_cap      most snoozes of a job; one more makes it dead
--- ARGV[8] outcomes        number of outcomes that follow, 6 fields each:
+-- K.job_prefix
+-- K.leases
+-- K.delayed
+-- K.dead
+-- K.active
+-- K.idle
+-- K.dedupe_prefix
+-- K.events
+-- K.metrics_prefix
+-- K.wake
+-- K.counts
+-- K.running
+-- K.parked
+-- K.limits
+-- K.ready_prefix
+-- K.ring_prefix
+-- K.priorities
+-- A.now                   '' for the server clock (ms override, tests only)
+-- A.retention             seconds a finished job record (and its result) is kept
+-- A.dead_cap              most dead letters kept
+-- A.events_maxlen         approximate cap of the events stream
+-- A.bucket_seconds        width of a metric bucket
+-- A.bucket_ttl            lifetime of a metric bucket (s)
+-- A.snooze_cap            most snoozes of a job; one more makes it dead
+-- A.outcomes              number of outcomes that follow, 6 fields each:
 --         short id, token, outcome ('ok' | 'retry' | 'dead' | 'snooze' | 'cancelled'),
 --         started_at (epoch s), payload (encoded result for 'ok', error text otherwise),
 --         retry_delay_ms (the delay of a retry or a snooze)
@@ -46,35 +46,35 @@
 --@include flow
 --@include key_types
 
-local job_prefix, leases, delayed, dead, active = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local idle, dedupe_prefix, events, metrics_prefix, wake = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local flow_keys = { counts = KEYS[11], running = KEYS[12], parked = KEYS[13], limits = KEYS[14],
-  ready_prefix = KEYS[15], ring_prefix = KEYS[16], priorities = KEYS[17], wake = wake }
-local retention, dead_cap, events_maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local bucket_seconds, bucket_ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
-local snooze_cap, n = tonumber(ARGV[7]), tonumber(ARGV[8])
-local FIELDS, FIRST = 6, 9
+local job_prefix, leases, delayed, dead = K.job_prefix, K.leases, K.delayed, K.dead
+local dedupe_prefix, events = K.dedupe_prefix, K.events
+local retention, dead_cap = tonumber(A.retention), tonumber(A.dead_cap)
+local events_maxlen = tonumber(A.events_maxlen)
+local bucket_seconds, bucket_ttl = tonumber(A.bucket_seconds), tonumber(A.bucket_ttl)
+local snooze_cap, n = tonumber(A.snooze_cap), tonumber(A.outcomes)
+local FIELDS, FIRST = ITEM.fields, ITEM.first
 if not (retention and dead_cap and events_maxlen and bucket_seconds and bucket_ttl and n
     and snooze_cap) or #ARGV ~= FIRST - 1 + n * FIELDS then
   return redis.error_reply('ERR finish: expected numeric settings and ' .. tostring(n)
     .. ' outcomes of ' .. FIELDS .. ' fields')
 end
-local unknown = unknown_outcome(ARGV, FIRST, FIELDS, n)
+local unknown = unknown_outcome(n)
 if unknown then return redis.error_reply('ERR finish: unknown outcome ' .. unknown) end
 local wrong = wrong_key_type('finish', { leases, 'zset', delayed, 'zset', dead, 'zset',
-  active, 'hash', idle, 'hash', events, 'stream', flow_keys.counts, 'hash',
-  flow_keys.running, 'hash', flow_keys.parked, 'zset', flow_keys.limits, 'hash',
-  flow_keys.priorities, 'zset', handover_key(job_prefix), 'list' })
+  K.active, 'hash', K.idle, 'hash', events, 'stream', K.counts, 'hash', K.running, 'hash',
+  K.parked, 'zset', K.limits, 'hash', K.priorities, 'zset', handover_key(job_prefix),
+  'list' })
 if wrong then return redis.error_reply(wrong) end
 
-local now = now_ms(ARGV[1])
+local now = now_ms(A.now)
 local now_s = seconds(now)
 local codes, trimmed, retried, handed = {}, {}, false, 0
 local tally, done_leases, done_tasks, done_tenants = new_tally(), {}, {}, {}
 for i = 0, n - 1 do
   local base = FIRST + i * FIELDS
-  local id, token, outcome = ARGV[base], ARGV[base + 1], ARGV[base + 2]
-  local started_at, payload = ARGV[base + 3], ARGV[base + 4]
+  local id, token = ARGV[base + ITEM.short_id], ARGV[base + ITEM.token]
+  local outcome, payload = ARGV[base + ITEM.outcome], ARGV[base + ITEM.payload]
+  local started_at = ARGV[base + ITEM.started_at]
   local key = job_prefix .. id
   -- A record that is no hash (written over by hand) reads as an error: refused, like a
   -- stale token; its lease expires and the fetch that reclaims it dead-letters it.
@@ -94,7 +94,7 @@ for i = 0, n - 1 do
       local waited = (tonumber(started_at) or 0) - math.max(enqueued_at, run_at)
       observe(tally, task, waited, now / 1000 - (tonumber(started_at) or now / 1000))
     end
-    local due = now + (tonumber(ARGV[base + 5]) or 0)
+    local due = now + (tonumber(ARGV[base + ITEM.retry_delay_ms]) or 0)
     if outcome == 'ok' then
       state = 'succeeded'
       settle_succeeded(key, payload, started_at, now_s, retention)
@@ -134,9 +134,9 @@ for i = 0, n - 1 do
   end
 end
 -- Per batch, not per job: leases, active and running counts, idle times and metrics.
-end_runs({ leases = leases, active = active, idle = idle, flow = flow_keys }, done_leases,
+end_runs({ leases = leases, active = K.active, idle = K.idle, flow = K }, done_leases,
   done_tasks, done_tenants, now_s)
-write_tally(tally, bucket_key(metrics_prefix, now, bucket_seconds), bucket_ttl)
+write_tally(tally, bucket_key(K.metrics_prefix, now, bucket_seconds), bucket_ttl)
 -- A retry may now be the earliest due job: idle workers must re-arm their timers.
-if retried then wake_one(wake) end
+if retried then wake_one(K.wake) end
 return { codes, trimmed, handed }

@@ -3,35 +3,37 @@
 -- token may extend; a lease that was reclaimed stays lost and its job runs elsewhere.
 -- A job someone asked to cancel answers 2: the holder stops it and records the end.
 --
--- KEYS[1] job_prefix
--- KEYS[2] leases
--- KEYS[3] cancelling
--- ARGV[1] now     '' for the server clock (ms override, tests only)
--- ARGV[2] leases  number of leases that follow, 3 fields each: short id, token, extend_ms
+-- K.job_prefix
+-- K.leases
+-- K.cancelling
+-- A.now           '' for the server clock (ms override, tests only)
+-- A.leases        number of leases that follow, 3 fields each: short id, token, extend_ms
 -- Returns: one code per lease: 1 extended, 0 lost (the token is no longer current),
 --          2 extended, and the job is to be cancelled
 --@include clock
 
-local job_prefix, leases, cancelling = KEYS[1], KEYS[2], KEYS[3]
-local n = tonumber(ARGV[2])
-if not n or #ARGV ~= 2 + n * 3 then
-  return redis.error_reply('ERR heartbeat: expected ' .. tostring(n) .. ' leases of 3 fields')
+local job_prefix, leases, cancelling = K.job_prefix, K.leases, K.cancelling
+local n = tonumber(A.leases)
+local FIRST, FIELDS = ITEM.first, ITEM.fields
+if not n or #ARGV ~= FIRST - 1 + n * FIELDS then
+  return redis.error_reply('ERR heartbeat: expected ' .. tostring(n) .. ' leases of '
+    .. FIELDS .. ' fields')
 end
 for i = 0, n - 1 do
-  if not tonumber(ARGV[3 + i * 3 + 2]) then
+  if not tonumber(ARGV[FIRST + i * FIELDS + ITEM.extend_ms]) then
     return redis.error_reply('ERR heartbeat: extend_ms must be a number')
   end
 end
 
-local now = now_ms(ARGV[1])
+local now = now_ms(A.now)
 local codes = {}
 for i = 0, n - 1 do
-  local base = 3 + i * 3
-  local id = ARGV[base]
+  local base = FIRST + i * FIELDS
+  local id = ARGV[base + ITEM.short_id]
   -- A record that is no hash reads as an error, so as lost (its lease is left to expire).
   local f = redis.pcall('HMGET', job_prefix .. id, 's', 'token', 'cancel')
-  if f[1] == 'active' and f[2] == ARGV[base + 1] then
-    redis.call('ZADD', leases, 'XX', now + tonumber(ARGV[base + 2]), id)
+  if f[1] == 'active' and f[2] == ARGV[base + ITEM.token] then
+    redis.call('ZADD', leases, 'XX', now + tonumber(ARGV[base + ITEM.extend_ms]), id)
     if f[3] then
       redis.call('ZREM', cancelling, id)  -- delivered: holders need not beat sooner for it
       codes[#codes + 1] = 2

@@ -3,12 +3,12 @@
 -- It only removes, so it may run while Redis is out of memory: purging dead letters is
 -- one way an operator frees memory in an out-of-memory spell.
 --
--- KEYS[1] job_prefix
--- KEYS[2] dead
--- ARGV[1] limit   most jobs to delete in this call
+-- K.job_prefix
+-- K.dead
+-- A.limit         most jobs to delete in this call
 -- Returns: number of jobs deleted
-local job_prefix, dead = KEYS[1], KEYS[2]
-local limit = tonumber(ARGV[1])
+local job_prefix, dead = K.job_prefix, K.dead
+local limit = tonumber(A.limit)
 if not limit or limit < 1 then return redis.error_reply('ERR purge_dead: limit must be >= 1') end
 
 local ids = redis.call('ZRANGE', dead, 0, limit - 1)

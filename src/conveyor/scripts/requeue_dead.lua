@@ -7,27 +7,27 @@
 -- whose record cannot be requeued as it stands: no hash (written over by hand), a
 -- priority that is no 0-9, a dedupe key that cannot be read.
 --
--- KEYS[1] job_prefix
--- KEYS[2] ready_prefix
--- KEYS[3] ring_prefix
--- KEYS[4] priorities
--- KEYS[5] dead
--- KEYS[6] counts
--- KEYS[7] wake
--- KEYS[8] dedupe_prefix
--- ARGV[1] limit   with no ids: requeue up to this many of the oldest dead jobs
--- ARGV[2..] ids   short ids to requeue (those not in the dead set are skipped)
+-- K.job_prefix
+-- K.ready_prefix
+-- K.ring_prefix
+-- K.priorities
+-- K.dead
+-- K.counts
+-- K.wake
+-- K.dedupe_prefix
+-- A.limit         with no ids: requeue up to this many of the oldest dead jobs
+-- then the short ids to requeue, 1 field each (those not in the dead set are skipped)
 -- Returns: number of jobs requeued
 --@include clock
 --@include ready
 --@include keyed
 --@include key_types
 
-local job_prefix, ready_prefix, ring_prefix, priorities = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local dead, counts, wake, dedupe_prefix = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local limit = tonumber(ARGV[1])
+local job_prefix, dead, dedupe_prefix = K.job_prefix, K.dead, K.dedupe_prefix
+local limit = tonumber(A.limit)
 if not limit or limit < 1 then return redis.error_reply('ERR requeue_dead: limit must be >= 1') end
-local wrong = wrong_key_type('requeue_dead', { priorities, 'zset', dead, 'zset', counts, 'hash' })
+local wrong = wrong_key_type('requeue_dead', { K.priorities, 'zset', dead, 'zset', K.counts,
+  'hash' })
 if wrong then return redis.error_reply(wrong) end
 
 -- Whether dead job `id`, its record's fields f (HMGET below), may be requeued: its priority
@@ -41,8 +41,8 @@ local function requeueable(f, id)
 end
 
 local ids = {}
-if #ARGV > 1 then
-  for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
+if #ARGV >= ITEM.first then
+  for i = ITEM.first, #ARGV, ITEM.fields do ids[#ids + 1] = ARGV[i + ITEM.short_id] end
 else
   ids = redis.call('ZRANGE', dead, 0, limit - 1)
 end
@@ -60,9 +60,9 @@ for _, id in ipairs(ids) do
     redis.call('HSET', key, 's', 'ready', 'attempts', 0, 'token', '', 'run_at', now_s)
     redis.call('HDEL', key, 'started_at', 'finished_at')
     if f[4] and f[4] ~= '' then redis.call('SET', dedupe_prefix .. f[4], id) end
-    push_ready(ready_prefix, ring_prefix, priorities, id, f[2] or '5', f[3] or '', false)
+    push_ready(K.ready_prefix, K.ring_prefix, K.priorities, id, f[2] or '5', f[3] or '', false)
     requeued = requeued + 1
   end
 end
-made_ready(counts, wake, requeued)
+made_ready(K.counts, K.wake, requeued)
 return requeued

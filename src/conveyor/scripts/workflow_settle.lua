@@ -3,19 +3,20 @@
 -- Once all have, the workflow's record starts to expire with the retention of job records,
 -- so a workflow costs memory only while it runs and for the retention after.
 --
--- KEYS[1] workflow_prefix  workflow records: workflow_prefix .. short id (+ ':ended')
--- ARGV[1] retention        seconds the record is kept after the last node ended
--- ARGV[2] workflow         short id of the workflow
--- ARGV[3] ended            number of node ids (public) that follow
+-- K.workflow_prefix        workflow records: workflow_prefix .. short id (+ ':ended')
+-- A.retention              seconds the record is kept after the last node ended
+-- A.workflow               short id of the workflow
+-- A.ended                  number of node ids (public) that follow
 -- Returns: how many nodes of the workflow have ended
-local workflow_prefix = KEYS[1]
-local retention, short, n = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-if not retention or not short or short == '' or not n or #ARGV ~= 3 + n then
+local workflow_prefix = K.workflow_prefix
+local retention, short, n = tonumber(A.retention), A.workflow, tonumber(A.ended)
+if not retention or not short or short == '' or not n
+    or #ARGV ~= ITEM.first - 1 + n * ITEM.fields then
   return redis.error_reply('ERR workflow_settle: expected retention, workflow and '
     .. tostring(n) .. ' node ids')
 end
 local record, ended = workflow_prefix .. short, workflow_prefix .. short .. ':ended'
-for i = 4, #ARGV, 1000 do
+for i = ITEM.first, #ARGV, 1000 do
   redis.call('SADD', ended, unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 local total = tonumber(redis.call('HGET', record, 'total'))

@@ -1,42 +1,45 @@
 -- Checks of enqueue's ARGV (see enqueue.lua's header), made before its first write.
 
--- The first problem with the arguments, or nil; FIRST is the index of the first job's id.
-local function enqueue_problem(FIRST)
-  local n_jobs = tonumber(ARGV[FIRST - 1])
-  if not n_jobs or #ARGV ~= FIRST - 1 + n_jobs * 2 then
-    return 'expected ' .. tostring(n_jobs) .. ' jobs of 2 fields, got ' .. (#ARGV - FIRST + 1)
-      .. ' values'
+-- The first problem with the arguments, or nil.
+local function enqueue_problem()
+  local n_jobs = tonumber(A.jobs)
+  if not n_jobs or #ARGV ~= ITEM.first - 1 + n_jobs * ITEM.fields then
+    return 'expected ' .. tostring(n_jobs) .. ' jobs of ' .. ITEM.fields .. ' fields, got '
+      .. (#ARGV - ITEM.first + 1) .. ' values'
   end
-  if ARGV[7] == '' then return 'task must not be empty' end
-  local priority = tonumber(ARGV[8])
+  if A.task == '' then return 'task must not be empty' end
+  local priority = tonumber(A.priority)
   if not priority or priority ~= math.floor(priority) or priority < 0 or priority > 9 then
-    return 'priority must be an integer 0-9, got ' .. ARGV[8]
+    return 'priority must be an integer 0-9, got ' .. A.priority
   end
-  local max_attempts, visibility_ms = tonumber(ARGV[12]), tonumber(ARGV[14])
+  local max_attempts, visibility_ms = tonumber(A.max_attempts), tonumber(A.visibility_ms)
   if not max_attempts or max_attempts < 1 then return 'max_attempts must be >= 1' end
   if not visibility_ms or visibility_ms <= 0 then return 'visibility_ms must be > 0' end
-  if (ARGV[10] ~= '' and not tonumber(ARGV[10])) or (ARGV[11] ~= '' and not tonumber(ARGV[11])) then
+  if (A.delay_ms ~= '' and not tonumber(A.delay_ms))
+      or (A.at_ms ~= '' and not tonumber(A.at_ms)) then
     return 'delay_ms and at_ms must be numbers or empty'
   end
-  local key = ARGV[13]
+  local key = A.key
   if key ~= '' and n_jobs > 1 then return 'a dedupe key names one job, got ' .. n_jobs end
-  for i = 15, 17 do
-    local v = tonumber(ARGV[i])
-    if ARGV[i] ~= '' and (not v or v <= 0) then
+  for _, raw in ipairs({ A.debounce_ms, A.debounce_max_ms, A.throttle_ms }) do
+    local v = tonumber(raw)
+    if raw ~= '' and (not v or v <= 0) then
       return 'debounce_ms, debounce_max_ms and throttle_ms must be positive numbers or empty'
     end
   end
-  if (ARGV[15] ~= '' or ARGV[17] ~= '') and key == '' then
+  if (A.debounce_ms ~= '' or A.throttle_ms ~= '') and key == '' then
     return 'debounce and throttle need a key'
   end
   for i = 0, n_jobs - 1 do
-    if ARGV[FIRST + i * 2] == '' then return 'job ' .. i .. ' has no id' end
+    if ARGV[ITEM.first + i * ITEM.fields + ITEM.short_id] == '' then
+      return 'job ' .. i .. ' has no id'
+    end
   end
-  if not tonumber(ARGV[19]) or not tonumber(ARGV[20]) then
+  if not tonumber(A.dead_cap) or not tonumber(A.events_maxlen) then
     return 'dead_cap and events_maxlen must be numbers'
   end
-  if ARGV[4] ~= '' and not tonumber(ARGV[5]) then return 'claim_tick must be a number' end
-  if ARGV[18] ~= '' and not string.match(ARGV[18], '^' .. string.rep('%x', 32) .. '$') then
+  if A.claim ~= '' and not tonumber(A.claim_tick) then return 'claim_tick must be a number' end
+  if A.trace ~= '' and not string.match(A.trace, '^' .. string.rep('%x', 32) .. '$') then
     return 'trace must be empty or 32 hex digits'
   end
   return nil

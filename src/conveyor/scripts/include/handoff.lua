@@ -144,21 +144,3 @@ local function hand_off_or_wake(k, cfg, now, n_ready)
   end
   return taken
 end
-
--- hand_off_or_wake for enqueue.lua, with its KEYS (KEYS[12] on serve the hand-off) and ARGV.
-local function enqueue_hand_off(now, n_ready)
-  local k = { waiters = KEYS[22], waiter_offers = KEYS[23], wake = KEYS[8] }
-  if n_ready == 0 or redis.call('EXISTS', k.waiters) == 0 then
-    wake_one(k.wake)
-    return 0
-  end
-  k = { job_prefix = KEYS[1], ready_prefix = KEYS[2], ring_prefix = KEYS[3],
-    priorities = KEYS[4], delayed = KEYS[5], counts = KEYS[6], dedupe_prefix = KEYS[7],
-    wake = KEYS[8], metrics_prefix = KEYS[9], leases = KEYS[12], dead = KEYS[13],
-    active = KEYS[14], seq = KEYS[15], events = KEYS[16], paused = KEYS[17],
-    limits = KEYS[18], buckets = KEYS[19], running = KEYS[20], parked = KEYS[21],
-    waiters = KEYS[22], waiter_offers = KEYS[23], handoff_prefix = KEYS[24] }
-  local cfg = { dead_cap = tonumber(ARGV[19]), events_maxlen = tonumber(ARGV[20]),
-    bucket_seconds = tonumber(ARGV[2]), bucket_ttl = tonumber(ARGV[3]) }
-  return hand_off_or_wake(k, cfg, now, n_ready)
-end

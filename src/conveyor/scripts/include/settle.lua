@@ -63,9 +63,9 @@ end
 
 -- The first outcome of a finish call's ARGV that is no known kind, or nil.
 local FINISH_OUTCOMES = { ok = 1, retry = 1, dead = 1, snooze = 1, cancelled = 1 }
-local function unknown_outcome(argv, first, fields, n)
+local function unknown_outcome(n)
   for i = 0, n - 1 do
-    local outcome = argv[first + i * fields + 2]
+    local outcome = ARGV[ITEM.first + i * ITEM.fields + ITEM.outcome]
     if not FINISH_OUTCOMES[outcome] then return tostring(outcome) end
   end
   return nil
