@@ -9,6 +9,7 @@
 """
 
 from .app import Conveyor
+from .bounds import Limits
 from .context import JobContext, current_job
 from .deadletters import DeadLetters
 from .encoding import Codec
@@ -30,7 +31,6 @@ from .errors import (
 from .flow import Queue, QueueLimits, TenantLimits
 from .job import Job, JobInfo, JobState
 from .monitor import Advice, Backlog, Monitor, Stats, TaskActivity, Timing
-from .scripts.calls import Limits
 from .task import JobOptions, Task
 from .worker import Worker
 from .workflow import Node, Workflow, WorkflowHandle, WorkflowInfo, chain
