@@ -56,7 +56,7 @@
 --@include ready
 --@include counter
 --@include metrics
---@include keyed
+--@include dedupe
 --@include enqueue_checks
 --@include enqueue_handoff
 
@@ -84,7 +84,7 @@ end
 
 local now = now_ms(A.now)
 if key ~= '' then
-  local existing = keyed_existing(K, { key = key, args = ARGV[FIRST + ARGS], now = now,
+  local existing = dedupe_existing(K, { key = key, args = ARGV[FIRST + ARGS], now = now,
     debounce_ms = debounce_ms, throttle = throttle_ms ~= nil })
   if existing then return { existing, 0 } end
 end
@@ -144,7 +144,7 @@ for i = 0, n_jobs - 1 do
   redis.call('HSET', job_prefix .. ids[i + 1], unpack(record))
 end
 if key ~= '' then
-  keyed_created(K, key, ids[1], throttle_ms)
+  dedupe_created(K, key, ids[1], throttle_ms)
 end
 
 if n_jobs > 0 then

@@ -20,7 +20,7 @@
 -- Returns: number of jobs requeued
 --@include clock
 --@include ready
---@include keyed
+--@include dedupe
 --@include key_types
 
 local job_prefix, dead, dedupe_prefix = K.job_prefix, K.dead, K.dedupe_prefix

@@ -15,7 +15,7 @@ end
 -- The job an enqueue with `key` returns instead of creating one, or nil to create one.
 -- k: { job_prefix, dedupe_prefix, throttle_prefix, delayed }; o: { key, args, now,
 -- debounce_ms, throttle } (debounce_ms nil when the enqueue does not debounce).
-local function keyed_existing(k, o)
+local function dedupe_existing(k, o)
   if o.throttle then
     local held = redis.call('GET', k.throttle_prefix .. o.key)
     if held then return held end
@@ -36,7 +36,7 @@ local function keyed_existing(k, o)
 end
 
 -- After creating a keyed job: the key points at it (and, throttled, for `throttle_ms`).
-local function keyed_created(k, key, id, throttle_ms)
+local function dedupe_created(k, key, id, throttle_ms)
   redis.call('SET', k.dedupe_prefix .. key, id)
   if throttle_ms then
     redis.call('SET', k.throttle_prefix .. key, id, 'PX', math.max(1, math.floor(throttle_ms)))
