@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 from importlib import resources
+from typing import Any
 
 import conveyor
 from conveyor import record
@@ -27,6 +28,20 @@ def test_lua_and_python_agree_on_the_defaults_left_out() -> None:
                    "DEFAULT_VT": str(record.DEFAULT_VISIBILITY_MS)}
 
 
+def _settled_memory(client: Any) -> int:
+    """``used_memory`` once it holds still: while Redis resizes its keyspace, both tables
+    are allocated (about 130 KB at 20,000 keys) until its cron finishes the move, and
+    whether a reading falls inside that depends on timing."""
+    deadline = time.monotonic() + 5
+    last = int(client.info("memory")["used_memory"])
+    while True:
+        time.sleep(0.25)  # a few of the server's 100 ms cron ticks
+        now = int(client.info("memory")["used_memory"])
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+
+
 def test_a_queued_job_with_default_options_costs_under_200_bytes() -> None:
     server = RedisServer().start()
     try:
@@ -41,7 +56,7 @@ def test_a_queued_job_with_default_options_costs_under_200_bytes() -> None:
         before = int(client.info("memory")["used_memory"])
         for _ in range(0, JOBS, 1000):
             incr.enqueue_many([(0.0,)] * 1000)  # the peer benchmark's job
-        per_job = (int(client.info("memory")["used_memory"]) - before) / JOBS
+        per_job = (_settled_memory(client) - before) / JOBS
         assert per_job <= 200, f"{per_job:.1f} B per queued job"
         app.close()
     finally:
