@@ -4,6 +4,14 @@
   (``conveyor.fleet``): the fleet runs workers, not the other way round.
 * Neither imports the operators' shells (``conveyor.cli``, ``conveyor.web``); the shells
   import them.
+* The monitor (``conveyor.monitor``) reads only: of a worker it imports only the registry
+  (``conveyor.worker.registry``, the one reader of who is alive), of the fleet only what
+  supervisors publish (``conveyor.fleet.published``), and nothing that writes jobs (the
+  producer, the Lua scripts) or runs them.
+* The fleet reads the monitor's readers (``stats``, ``histogram``, ``flow``: what the
+  autoscaler decides on), never the ``Monitor`` itself; what the fleet publishes for the
+  monitor (``conveyor.fleet.published``) imports nothing of it, so the two packages meet
+  without a cycle. A worker imports neither the monitor nor the fleet.
 * One module asks Redis for its clock (``conveyor.clock``) and one Lua helper
   (``scripts/include/clock.lua``): every other module and script gets the server's time
   from them, so "now" means the same thing everywhere.
@@ -24,13 +32,24 @@ import conveyor
 
 SRC = Path(conveyor.__file__).parent
 
-# (importer prefix, imported prefix): the first must never import the second
-FORBIDDEN = [
-    ("conveyor.worker", "conveyor.fleet"),
-    ("conveyor.worker", "conveyor.cli"),
-    ("conveyor.worker", "conveyor.web"),
-    ("conveyor.fleet", "conveyor.cli"),
-    ("conveyor.fleet", "conveyor.web"),
+# (importer prefix, imported prefix, exceptions): the first must never import the second,
+# unless what it imports lies within one of the exceptions
+FORBIDDEN: list[tuple[str, str, tuple[str, ...]]] = [
+    ("conveyor.worker", "conveyor.fleet", ()),
+    ("conveyor.worker", "conveyor.monitor", ()),
+    ("conveyor.worker", "conveyor.cli", ()),
+    ("conveyor.worker", "conveyor.web", ()),
+    ("conveyor.fleet", "conveyor.cli", ()),
+    ("conveyor.fleet", "conveyor.web", ()),
+    ("conveyor.fleet", "conveyor.monitor",
+     ("conveyor.monitor.stats", "conveyor.monitor.histogram", "conveyor.monitor.flow")),
+    ("conveyor.fleet.published", "conveyor.monitor", ()),
+    ("conveyor.monitor", "conveyor.worker", ("conveyor.worker.registry",)),
+    ("conveyor.monitor", "conveyor.fleet", ("conveyor.fleet.published",)),
+    ("conveyor.monitor", "conveyor.producer", ()),
+    ("conveyor.monitor", "conveyor.scripts", ()),
+    ("conveyor.monitor", "conveyor.cli", ()),
+    ("conveyor.monitor", "conveyor.web", ()),
 ]
 
 
@@ -61,14 +80,16 @@ def _within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-def imported(module: Module) -> Iterator[tuple[int, str]]:
-    """(line, dotted name) for every module an import statement may load; ``from X import
-    y`` yields both ``X`` and ``X.y``, since ``y`` may be a submodule."""
+def imported(module: Module) -> Iterator[tuple[int, str, bool]]:
+    """(line, dotted name, whether only a path to what follows) for every module an import
+    statement may load; ``from X import y`` yields both ``X`` (a path: ``X.y`` carries the
+    verdict when ``X`` is a package on the way to an allowed module) and ``X.y``, since
+    ``y`` may be a submodule."""
     package = module.name if module.is_package else module.name.rpartition(".")[0]
     for node in ast.walk(module.tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield node.lineno, alias.name
+                yield node.lineno, alias.name, False
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base_parts = package.split(".")
@@ -76,27 +97,38 @@ def imported(module: Module) -> Iterator[tuple[int, str]]:
                 base = ".".join(base_parts + ([node.module] if node.module else []))
             else:
                 base = node.module or ""
-            yield node.lineno, base
+            yield node.lineno, base, True
             for alias in node.names:
-                yield node.lineno, f"{base}.{alias.name}"
+                yield node.lineno, f"{base}.{alias.name}", False
+
+
+def _excepted(target: str, exceptions: tuple[str, ...], path_only: bool) -> bool:
+    """Whether ``target`` is allowed by ``exceptions``: within one, or (a ``from`` import's
+    package) on the way to one."""
+    return any(_within(target, allowed) or (path_only and _within(allowed, target))
+               for allowed in exceptions)
 
 
 def layering_violations(modules: list[Module]) -> list[str]:
     found = []
     for module in modules:
-        for line, target in imported(module):
-            for importer, banned in FORBIDDEN:
-                if _within(module.name, importer) and _within(target, banned):
-                    found.append(f"{module.path}:{line} imports {target}"
-                                 f" ({importer} must not import {banned})")
+        for line, target, path_only in imported(module):
+            for importer, banned, exceptions in FORBIDDEN:
+                if (_within(module.name, importer) and _within(target, banned)
+                        and not _excepted(target, exceptions, path_only)):
+                    rule = f"{importer} must not import {banned}"
+                    if exceptions:
+                        rule += f" but {', '.join(exceptions)}"
+                    found.append(f"{module.path}:{line} imports {target} ({rule})")
     return sorted(set(found))
 
 
-def test_worker_and_fleet_import_one_way() -> None:
+def test_worker_fleet_and_monitor_import_one_way() -> None:
     modules = package_modules()
     names = {m.name for m in modules}
     assert {"conveyor.worker", "conveyor.fleet.supervisor", "conveyor.fleet.child",
-            "conveyor.fleet.autoscale"} <= names
+            "conveyor.fleet.autoscale", "conveyor.fleet.published", "conveyor.monitor",
+            "conveyor.monitor.stats", "conveyor.worker.registry"} <= names
     assert layering_violations(modules) == []
 
 
@@ -111,6 +143,18 @@ def test_the_layering_check_catches_each_kind_of_import() -> None:
          "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..web import create_app\n"),
         ("conveyor.fleet.supervisor", False, "from .. import cli"),
         ("conveyor.fleet", True, "from ..web.api import Api"),
+        ("conveyor.worker.consumer", False, "from ..monitor import Monitor"),
+        ("conveyor.monitor", True, "from ..worker import Worker"),
+        ("conveyor.monitor.overview", False, "from ..worker.leases import LeaseKeeper"),
+        ("conveyor.monitor.overview", False, "import conveyor.worker"),
+        ("conveyor.monitor", True, "from ..fleet.supervisor import Supervisor"),
+        ("conveyor.monitor.stats", False, "from ..fleet import autoscale"),
+        ("conveyor.monitor.lists", False, "from ..scripts import calls"),
+        ("conveyor.monitor", True, "from .. import producer"),
+        ("conveyor.monitor.advice", False, "from ..cli.base import load_app"),
+        ("conveyor.fleet.autoscale", False, "from ..monitor import Monitor"),
+        ("conveyor.fleet.autoscale", False, "from .. import monitor"),
+        ("conveyor.fleet.published", False, "from ..monitor.stats import merge"),
     ]
     for name, is_package, source in cases:
         assert layering_violations([parse(name, source, is_package=is_package)]), source
@@ -121,6 +165,13 @@ def test_the_layering_check_catches_each_kind_of_import() -> None:
         ("conveyor.cli.worker", False, "from ..fleet.supervisor import Supervisor"),
         ("conveyor.web.queries", False, "from ..fleet import published"),
         ("conveyor.worker.registry", False, "from .. import keys"),
+        ("conveyor.monitor", True, "from ..worker import registry"),
+        ("conveyor.monitor.advice", False, "from ..worker.registry import WorkerInfo"),
+        ("conveyor.monitor", True, "from ..fleet.published import SupervisorRecord"),
+        ("conveyor.monitor", True, "from ..fleet import published"),
+        ("conveyor.fleet.autoscale", False, "from ..monitor.stats import merge"),
+        ("conveyor.fleet.autoscale", False, "from ..monitor.histogram import Histogram"),
+        ("conveyor.fleet.child", False, "from ..worker.registry import SUPERVISOR_ENV"),
     ]
     for name, is_package, source in allowed:
         assert layering_violations([parse(name, source, is_package=is_package)]) == [], source
