@@ -25,6 +25,7 @@ lint: $(BIN)/conveyor
 	$(BIN)/ruff check src tests examples
 	$(BIN)/mypy
 	$(BIN)/python tests/typecheck/check.py
+	$(BIN)/python scripts/generate_sync.py --check  # _sync/ is generated from _async/
 
 # The documentation site; --strict turns a broken link or reference into an error.
 docs: $(BIN)/conveyor
