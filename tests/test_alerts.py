@@ -172,3 +172,16 @@ def _all_dead_or_trimmed(jobs: list[conveyor.Job]) -> bool:
         except conveyor.JobNotFound:
             continue
     return True
+
+
+def test_the_alerter_hears_of_dead_jobs_as_a_hook() -> None:
+    alerter = Alerter(Webhook("http://127.0.0.1:9/never", gather=60))
+    assert isinstance(alerter, conveyor.hooks.Hook)
+
+    async def tell() -> None:
+        assert alerter.dead(dead_info(1)) is None
+        assert alerter._task is not None
+        alerter._task.cancel()
+
+    asyncio.run(tell())
+    assert alerter.pending == 1

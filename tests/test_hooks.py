@@ -12,6 +12,7 @@ import conveyor
 from conveyor import hooks, testing
 from conveyor.encoding import Codec
 from conveyor.errors import EncodingError
+from helpers import running_worker, wait_until
 
 
 def test_meta_travels_as_a_third_payload_element() -> None:
@@ -114,3 +115,32 @@ def test_a_failing_run_hook_fails_the_attempt_not_the_worker(app: conveyor.Conve
         info = job.info()
         assert info.state == conveyor.JobState.DEAD
         assert info.error is not None and "hook broke in run" in info.error
+
+
+class Mourner(hooks.Hook):
+    """Hears of dead jobs (asynchronously), and breaks on the first one."""
+
+    def __init__(self) -> None:
+        self.heard: list[str] = []
+
+    async def dead(self, info: conveyor.JobInfo) -> None:
+        self.heard.append(info.id)
+        if len(self.heard) == 1:
+            raise RuntimeError("a dead hook that fails is logged, and the others still hear")
+
+
+def test_hooks_hear_of_dead_jobs_once_with_the_on_dead_callbacks(app: conveyor.Conveyor) -> None:
+    mourner, called = Mourner(), []
+    app.hooks.append(mourner)
+    app.hooks.append(Recorder())  # does not override dead: not told (no record is read)
+    app.on_dead(lambda info: called.append(info.id))
+
+    @app.task(name="doomed", retries=0)
+    def doomed(n: int) -> None:
+        raise ValueError(f"job {n} fails on purpose")
+
+    jobs = [doomed.enqueue(n) for n in range(2)]
+    with running_worker(app, concurrency=2):
+        wait_until(lambda: len(called) == 2 and len(mourner.heard) == 2, 10,
+                   message="the dead hooks")
+    assert sorted(mourner.heard) == sorted(called) == sorted(job.id for job in jobs)

@@ -1,7 +1,8 @@
 """Webhook alerts when jobs go dead: Slack-compatible, batched, rate-limited, retried.
 
-A worker hands each dead job to its :class:`Alerter`, which only counts it (per queue and
-task type, keeping the first error and a few ids). A background task posts one message
+An :class:`Alerter` is a :class:`~conveyor.hooks.Hook`: a worker tells it of each dead job
+through :meth:`Alerter.dead`, and it only counts the job (per queue and task type, keeping
+the first error and a few ids). A background task posts one message
 ``{"text": ...}`` summarising everything counted so far: the first one shortly after the
 first death (``gather`` seconds, so a storm starts as one message), then at most one per
 ``min_interval``. A storm of 10,000 dead jobs therefore gives a handful of messages with
@@ -21,6 +22,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from .hooks import Hook
 from .job import JobInfo
 
 log = logging.getLogger("conveyor.alerts")
@@ -87,7 +89,7 @@ def first_line(text: str | None, limit: int = 200) -> str:
     return line[0][:limit]  # the last line of a traceback names the exception
 
 
-class Alerter:
+class Alerter(Hook):
     """Counts dead jobs and posts summaries from a background task on the running loop."""
 
     def __init__(self, webhook: Webhook | str, source: str = "conveyor") -> None:
@@ -112,6 +114,10 @@ class Alerter:
         if len(group.examples) < EXAMPLE_IDS:
             group.examples.append(info.id)
         self._schedule()
+
+    def dead(self, info: JobInfo) -> None:
+        """The hook a worker calls for each dead job: count it (see :meth:`add`)."""
+        self.add(info)
 
     def add_trimmed(self, queue: str, short_ids: list[str], cap: int) -> None:
         """Count dead letters the dead-letter cap deleted: they are gone for good, and the

@@ -27,7 +27,10 @@ from typing import TYPE_CHECKING, Any
 from . import keys as keyspace
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from .app import Conveyor
+    from .job import JobInfo
     from .task import Task
 
 TRACE_ID = "conveyor.trace_id"  # meta entry: the call's trace id, for the records' events
@@ -55,7 +58,7 @@ class Attempt:
 
 
 class Hook:
-    """Base of hooks: override what you need; both methods default to doing nothing."""
+    """Base of hooks: override what you need; every method defaults to doing nothing."""
 
     def enqueue(self, task: Task[Any, Any], count: int, meta: dict[str, str]
                 ) -> AbstractContextManager[None]:
@@ -67,6 +70,14 @@ class Hook:
     def run(self, task: Task[Any, Any], attempt: Attempt) -> AbstractContextManager[None]:
         """Wrap one attempt: the task is called inside the context."""
         return _NOTHING
+
+    def dead(self, info: JobInfo) -> Awaitable[None] | None:
+        """Hear of a job that went dead (its attempts used up, or it could not run), once,
+        on the worker that recorded it, in the background of the worker's event loop; an
+        awaitable returned is awaited there. The worker reads the job's record only when
+        some hook overrides this method (or the app has ``on_dead`` callbacks or an alert
+        webhook)."""
+        return None
 
 
 @contextlib.contextmanager

@@ -21,11 +21,13 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..alerts import alerter_for
 from ..clock import ServerClock
 from ..schedule import Scheduler
 from ..scripts import calls
 from ..workflow.handover import HandOvers
 from .backoff import REDIS_ERRORS, QueueBackoff, pause_after
+from .dead import DeadNotices
 from .doubt import InDoubt
 from .executor import Executor, Held
 from .handoff import WAITER_TTL_MS, Waiting, keep_renewed
@@ -149,9 +151,10 @@ class Worker:
         self.executor = Executor(self.app, self.clock, self.concurrency,
                                  supervised=self.supervised, on_slot_back=self._slot_back,
                                  progress=self.progress)
-        self.outbox = Outbox(self.app, runner, before_flush=self.progress.flush)
+        self.notices = DeadNotices(self.app, alerter_for(self.app.alert_webhook))
         handovers = HandOvers(self.app, self.queues, self._nodes_ready)
-        self.outbox.on_handover = handovers.now
+        self.outbox = Outbox(self.app, runner, before_flush=self.progress.flush,
+                             notices=self.notices, on_handover=handovers.now)
         self._install_signals()
         await check_server(client)
         self.loops = Loops(on_fatal=lambda _exc: self._request_stop())
@@ -178,6 +181,7 @@ class Worker:
             await self._drain()
         finally:
             await self._leave_waiting()
+            await self.notices.flush()
             await self.outbox.flush_all()
             await self.loops.cancel()
             await leave_markers(self)
@@ -224,6 +228,7 @@ class Worker:
                 continue
             if burst and not self.held and not any(self._more.values()) \
                     and not any(self._held_back.values()):
+                await self.notices.flush()
                 await self.outbox.flush_all()
                 if not self.held and not any(self._more.values()):
                     return  # (a hand-over while flushing may have made nodes ready)
@@ -256,9 +261,9 @@ class Worker:
             self._more[queue] = len(fetched.jobs) == want or self._wakes != wakes
             self._held_back[queue] = fetched.held
             if fetched.dead:
-                self.outbox.notify_dead(queue, fetched.dead)
+                self.notices.dead(queue, fetched.dead)
             if fetched.trimmed:
-                self.outbox.notify_trimmed(queue, fetched.trimmed)
+                self.notices.trimmed(queue, fetched.trimmed)
             # A fetch sent again may have leased for more slots than are free now (jobs
             # were handed over meanwhile): the rest goes back at once, attempt refunded.
             room = 0 if self._stopping else max(0, self.free_slots())
@@ -304,9 +309,9 @@ class Worker:
         their attempts refunded (a lease reclaimed meanwhile refuses the hand-back)."""
         self.clock.passed(handed.now_ms)  # the entry may have waited in its list
         if handed.dead:
-            self.outbox.notify_dead(queue, handed.dead)
+            self.notices.dead(queue, handed.dead)
         if handed.trimmed:
-            self.outbox.notify_trimmed(queue, handed.trimmed)
+            self.notices.trimmed(queue, handed.trimmed)
         jobs = [j for j in handed.jobs
                 if self.clock.seconds_until(handed.now_ms + j.visibility_ms) > 0]
         ended = [j for j in handed.jobs if j not in jobs]

@@ -10,22 +10,21 @@ the outcomes of the others.
 
 A batch whose reply was lost (it may have been recorded) is sent again as it was, before
 any outcome that came after it (see :mod:`.doubt`): its reply, the first one if it ran,
-says what became of each outcome, and dead jobs' hooks and alerts follow once.
+says what became of each outcome, and dead jobs' hooks follow once (:mod:`.dead` tells
+them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ..alerts import alerter_for
-from ..job import JobInfo
 from ..scripts import calls
-from .backoff import REDIS_ERRORS, QueueBackoff, pause_after
+from .backoff import REDIS_ERRORS, QueueBackoff
+from .dead import DeadNotices
 from .doubt import InDoubt
 from .executor import Held
 
@@ -36,17 +35,22 @@ log = logging.getLogger("conveyor.worker")
 # A refused script (ResponseError: out of memory, say) is retried like an unreachable
 # server: the outcomes are kept, never dropped.
 ERRORS = REDIS_ERRORS
-HOOK_READ_TRIES = 8  # about 10 s of back-off
 GATHER_TURNS = 2  # loop turns a flush waits for outcomes being delivered
 
 
 class Outbox:
     def __init__(self, app: Conveyor, runner: Any,
-                 before_flush: Callable[[set[tuple[str, str]]], Awaitable[None]] | None = None
-                 ) -> None:
+                 before_flush: Callable[[set[tuple[str, str]]], Awaitable[None]] | None = None,
+                 *, notices: DeadNotices | None = None,
+                 on_handover: Callable[[str], Awaitable[None]] | None = None) -> None:
         """:param before_flush: awaited with the (queue, short id) of the outcomes about to
             be sent (the worker writes their progress still pending, which the outcomes
-            would make too late to write)"""
+            would make too late to write)
+        :param notices: told of jobs the outcomes made dead, and of dead letters the cap
+            deleted (default: the app's hooks and callbacks, no alerts)
+        :param on_handover: awaited with a queue whose acknowledgements queued workflow
+            hand-overs
+        """
         self.app = app
         self.runner = runner
         self.before_flush = before_flush
@@ -55,14 +59,12 @@ class Outbox:
         self._idle = asyncio.Event()
         self._idle.set()
         self.refused = 0
-        self.alerter = alerter_for(app.alert_webhook)  # dead jobs -> webhook
-        self._hook_tasks: set[asyncio.Task[None]] = set()
+        self.notices = notices if notices is not None else DeadNotices(app)
         self._backoff = QueueBackoff()  # queues whose last finish failed
         self._doubts: InDoubt[str] = InDoubt()  # per queue: a batch whose reply was lost
         # (queue, short id, token) -> the lease of an outcome not yet acknowledged
         self._leases: dict[tuple[str, str, str], Held] = {}
-        #: awaited with a queue whose acknowledgements queued workflow hand-overs
-        self.on_handover: Callable[[str], Awaitable[None]] | None = None
+        self.on_handover = on_handover
 
     def add(self, queue: str, outcome: calls.Outcome, lease: Held | None = None) -> None:
         """Record ``outcome`` of a job of ``queue``; ``lease`` (the run's) is kept alive
@@ -176,62 +178,12 @@ class Outbox:
         dead = [o.short_id for o, c in zip(batch, done.codes, strict=True)
                 if c == calls.FINISH_DEAD]
         if dead:
-            self.notify_dead(queue, dead)
+            self.notices.dead(queue, dead)
         if done.trimmed:
-            self.notify_trimmed(queue, done.trimmed)
-
-    def notify_trimmed(self, queue: str, short_ids: list[str]) -> None:
-        """Dead letters deleted by the cap: log them and alert (they are gone for good)."""
-        log.error("dead-letter set of %s is full (cap %d): %d oldest dead job(s) deleted: %s",
-                  queue, self.app.limits.dead_cap, len(short_ids), ", ".join(short_ids[:5]))
-        if self.alerter is not None:
-            self.alerter.add_trimmed(queue, short_ids, self.app.limits.dead_cap)
-
-    def notify_dead(self, queue: str, short_ids: list[str]) -> None:
-        """Call the app's dead hooks for these jobs (in the background)."""
-        if self.app.dead_hooks or self.alerter is not None:
-            task = asyncio.get_running_loop().create_task(self._call_hooks(queue, short_ids))
-            self._hook_tasks.add(task)  # held until done: the loop keeps only weak references
-            task.add_done_callback(self._hook_tasks.discard)
-
-    async def _call_hooks(self, queue: str, short_ids: list[str]) -> None:
-        keys = self.app.keys(queue)
-        for failures in range(1, HOOK_READ_TRIES + 1):
-            try:
-                async with self.app.aredis().pipeline(transaction=False) as pipe:
-                    for short in short_ids:  # one round trip for a whole batch of dead jobs
-                        pipe.hgetall(keys.job(short))
-                    records = await pipe.execute()
-                break
-            except REDIS_ERRORS as exc:
-                if failures == HOOK_READ_TRIES:
-                    log.error("could not read %d dead job(s) of %s for the dead hooks and"
-                              " alerts (%s): %s", len(short_ids), queue, exc,
-                              ", ".join(short_ids[:5]))
-                    return
-                await asyncio.sleep(pause_after(failures))
-        for short, record in zip(short_ids, records, strict=True):
-            if not record:
-                continue
-            try:
-                info = JobInfo.from_record(self.app, queue, short, record)
-            except Exception:
-                log.exception("dead job %s~%s has a record that cannot be read", queue, short)
-                continue
-            if self.alerter is not None:
-                self.alerter.add(info)
-            for hook in self.app.dead_hooks:
-                try:
-                    result = hook(info)
-                    if inspect.isawaitable(result):
-                        await result
-                except Exception:
-                    log.exception("on_dead hook %r failed for job %s", hook, info.id)
+            self.notices.trimmed(queue, done.trimmed)
 
     async def flush_all(self, timeout: float = 10.0) -> None:
         """Wait until everything pending is recorded (or ``timeout`` passes)."""
-        if self.alerter is not None:
-            await self.alerter.flush()
         # Not just "nothing pending": a batch already taken off `pending` may still be on
         # the wire, and stopping now would cancel it and lose those outcomes.
         if not self._waiting() and self._idle.is_set():
