@@ -23,6 +23,7 @@ import unasync
 ROOT = Path(__file__).resolve().parent.parent / "src" / "conveyor"
 PAIRS = [
     ("scripts/_async/transport.py", "scripts/_sync/transport.py"),
+    ("_async/poll.py", "_sync/poll.py"),
 ]
 RENAMES = {"AsyncScriptRunner": "ScriptRunner", "AsyncKept": "Kept"}
 HEADER = ("# Generated from ../_async/{name} by scripts/generate_sync.py: do not edit;\n"

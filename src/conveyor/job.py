@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import os
 import socket
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic
@@ -15,7 +13,9 @@ from typing_extensions import TypeVar
 
 from . import keys as keyspace
 from . import record as record_fields
-from .errors import EncodingError, JobCancelled, JobFailed, JobNotFound, ResultTimeout
+from ._async.poll import poll as apoll
+from ._sync.poll import poll
+from .errors import EncodingError, JobCancelled, JobFailed, JobNotFound
 from .scripts import calls
 from .untrusted import integer as _int
 from .untrusted import number as _time
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .app import Conveyor
 
 R = TypeVar("R", default=Any)  # a bare ``Job`` is a ``Job[Any]``
+PAUSES = (0.002, 0.1)  # seconds between reads while waiting for a result: first, most
 
 
 class JobState(str, enum.Enum):
@@ -237,27 +238,8 @@ class Job(Generic[R]):
         :raises JobCancelled: the job was cancelled
         :raises ResultTimeout: the job did not finish in time
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.002
-        while True:
-            done, value = self._outcome(self.info())
-            if done:
-                return value
-            if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeout(f"job {self.id} did not finish within {timeout} s")
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            time.sleep(pause if left is None else min(pause, left))
-            pause = min(pause * 1.5, 0.1)
+        return poll(self.info, self._outcome, f"job {self.id}", timeout, *PAUSES)
 
     async def aresult(self, timeout: float | None = None) -> R:
         """Async twin of :meth:`result`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.002
-        while True:
-            done, value = self._outcome(await self.ainfo())
-            if done:
-                return value
-            if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeout(f"job {self.id} did not finish within {timeout} s")
-            await asyncio.sleep(pause)
-            pause = min(pause * 1.5, 0.1)
+        return await apoll(self.ainfo, self._outcome, f"job {self.id}", timeout, *PAUSES)

@@ -9,8 +9,6 @@ cancelled is ``cancelled``, with the reason in ``error``.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .. import keys as keyspace
-from ..errors import EncodingError, JobCancelled, JobFailed, JobNotFound, ResultTimeout
+from .._async.poll import poll as apoll
+from .._sync.poll import poll
+from ..errors import EncodingError, JobCancelled, JobFailed, JobNotFound
 from ..job import JobInfo, JobState
 from ..record import STATE
 from ..scripts import calls
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 STATES = ("running", "succeeded", "failed", "cancelled")
 FINAL = (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
+PAUSES = (0.005, 0.2)  # seconds between reads while waiting for the end: first, most
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,15 +93,15 @@ def _summarise(app: Conveyor, workflow_id: str, entries: list[NodeEntry],
     return WorkflowInfo(workflow_id, state, counts, nodes, {e.name: e.after for e in entries})
 
 
-def _outcome(info: WorkflowInfo) -> dict[str, Any] | None:
+def _outcome(info: WorkflowInfo) -> tuple[bool, dict[str, Any]]:
     if info.state == "running":
-        return None
+        return False, {}
     for job in info.nodes.values():
         if job.state == JobState.DEAD:
             raise JobFailed(job.id, job.error)
     if info.state == "cancelled":
         raise JobCancelled(info.id)
-    return {name: job.result for name, job in info.nodes.items()}
+    return True, {name: job.result for name, job in info.nodes.items()}
 
 
 class WorkflowHandle:
@@ -157,29 +158,11 @@ class WorkflowHandle:
         :raises JobCancelled: nodes were cancelled and none is dead
         :raises ResultTimeout: still running after ``timeout`` seconds
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.005
-        while True:
-            done = _outcome(self.info())
-            if done is not None:
-                return done
-            if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeout(f"workflow {self.id} did not finish within {timeout} s")
-            time.sleep(pause)
-            pause = min(pause * 1.5, 0.2)
+        return poll(self.info, _outcome, f"workflow {self.id}", timeout, *PAUSES)
 
     async def aresult(self, timeout: float | None = 60) -> dict[str, Any]:
         """Async twin of :meth:`result`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.005
-        while True:
-            done = _outcome(await self.ainfo())
-            if done is not None:
-                return done
-            if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeout(f"workflow {self.id} did not finish within {timeout} s")
-            await asyncio.sleep(pause)
-            pause = min(pause * 1.5, 0.2)
+        return await apoll(self.ainfo, _outcome, f"workflow {self.id}", timeout, *PAUSES)
 
     def cancel(self) -> int:
         """Cancel every node that has not ended: a waiting, scheduled or ready node never
