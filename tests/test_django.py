@@ -207,6 +207,51 @@ print(json.dumps([later.id, now.id]))
     assert project.app.job(later).info().state == conveyor.JobState.SCHEDULED
 
 
+TRACED = """
+import json
+from django.db import transaction
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from conveyor.contrib.otel import instrument
+from shop.tasks import add
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+instrument(add.get_backend().app, tracer_provider=provider)
+now = add.enqueue(2, 3).id
+with transaction.atomic():
+    committed = add.enqueue(1, 1).id
+    inside = len(exporter.get_finished_spans())
+try:
+    with transaction.atomic():
+        add.enqueue(0, 0)
+        raise RuntimeError("roll back")
+except RuntimeError:
+    pass
+spans = [{"name": s.name, "kind": s.kind.name, "trace": format(s.context.trace_id, "032x"),
+          "queue": s.attributes["messaging.destination.name"]}
+         for s in exporter.get_finished_spans()]
+print(json.dumps({"ids": [now, committed], "inside": inside, "spans": spans}))
+"""
+
+
+def test_a_django_enqueue_is_traced(project: Project) -> None:
+    """The Django backend's enqueues go through the enqueue hooks: an "enqueue <task>"
+    span each, made when the job is stored (at commit for enqueue_on_commit; none for a
+    rolled-back one), whose trace id the job's record keeps."""
+    out = project.shell(TRACED)
+    assert isinstance(out, dict)
+    assert out["inside"] == 1  # the committed one is not stored (nor traced) before commit
+    spans = out["spans"]
+    assert [(s["name"], s["kind"], s["queue"]) for s in spans] == [
+        ("enqueue shop.tasks.add", "PRODUCER", "default")] * 2
+    traces = [s["trace"] for s in spans]
+    stored = [project.app.redis.hget(project.app.keys("default").job(
+        project.app.job(job_id).short_id), "tr") for job_id in out["ids"]]
+    assert stored == [t.encode() for t in traces]
+
+
 def test_priority_mapping_keeps_order() -> None:
     pytest.importorskip("django")
     from conveyor.contrib.django import to_conveyor_priority

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import os
@@ -207,6 +208,55 @@ def test_batches_inline_runs_and_uninstrument(
     double.enqueue(1)
     testing.drain(app, timeout=60)
     assert exporter.get_finished_spans() == ()
+
+
+def test_a_workflow_enqueue_is_traced(
+    app: conveyor.Conveyor, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    """Each task among a workflow's nodes has an enqueue span (one per task and options,
+    counting its nodes), and the nodes' runs continue the enqueue's trace."""
+    provider, exporter = spans
+    instrument(app, tracer_provider=provider)
+
+    @app.task(name="otel.fetch", queue="wf-traced")
+    def fetch() -> int:
+        return 2
+
+    @app.task(name="otel.send", queue="wf-traced-sends")
+    def send(i: int) -> int:
+        return i
+
+    request = provider.get_tracer("test").start_as_current_span("POST /campaign")
+    with request as outer:
+        wf = app.workflow()
+        first = wf.add(fetch, name="fetch")
+        for i in range(3):
+            wf.add(send, i, after=[first])
+        handle = wf.enqueue()
+    [enqueue_fetch] = named(exporter, "enqueue otel.fetch")
+    [enqueue_sends] = named(exporter, "enqueue otel.send")
+    assert enqueue_fetch.kind == SpanKind.PRODUCER
+    assert enqueue_sends.attributes is not None
+    assert enqueue_sends.attributes["messaging.batch.message_count"] == 3
+    assert enqueue_sends.attributes["messaging.destination.name"] == "wf-traced-sends"
+    trace_id = outer.get_span_context().trace_id
+    assert {s.context.trace_id for s in (enqueue_fetch, enqueue_sends) if s.context} == {
+        trace_id}
+
+    testing.drain(app, queues=["wf-traced", "wf-traced-sends"], timeout=60)
+    assert handle.result(timeout=10) == {"fetch": 2, **{f"otel.send#{i + 1}": i
+                                                        for i in range(3)}}
+    runs = named(exporter, "run otel.fetch") + named(exporter, "run otel.send")
+    assert len(runs) == 4
+    assert {s.context.trace_id for s in runs if s.context} == {trace_id}
+
+    async def aenqueue() -> None:
+        wf = app.workflow()
+        wf.add(fetch, name="fetch")
+        await wf.aenqueue()
+
+    asyncio.run(aenqueue())
+    assert len(named(exporter, "enqueue otel.fetch")) == 2
 
 
 def test_context_crosses_into_supervised_worker_processes(

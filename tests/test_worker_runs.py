@@ -218,13 +218,13 @@ def _enqueue_unannounced(app: conveyor.Conveyor, task: conveyor.Task, *args: obj
                          ) -> conveyor.Job:
     """Enqueue a job and take its wake marker away in the same transaction, as a worker
     does that takes the marker and then dies or leaves before acting on it."""
-    from conveyor.scripts import calls
+    from conveyor import producer
 
-    short_id, payload = task._new_job(args, {})
+    planned = producer.plan(task, [(args, {})])
+    [(short_id, _)] = planned.jobs
     k = app.keys(task.queue)
     with app.redis.pipeline(transaction=True) as pipe:
-        app.scripts.queue(calls.enqueue(k, task._spec(), [(short_id, payload)], app.limits),
-                          pipe)
+        app.scripts.queue(planned.first_chunk(), pipe)
         pipe.delete(k.wake)
         pipe.execute()
     return app.job(f"{task.queue}~{short_id}")

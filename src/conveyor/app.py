@@ -8,17 +8,16 @@ import logging
 import os
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
-from functools import cached_property, partial
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
 
-from . import clients
+from . import clients, producer
 from . import keys as keyspace
 from .encoding import DEFAULT_MAX_PAYLOAD, Codec, Format
-from .errors import ConfigurationError, NotReplicated, PartialEnqueue
+from .errors import ConfigurationError
 from .hooks import Hook
 from .job import Job, JobInfo
-from .scripts import AsyncScriptRunner, ScriptRunner, calls, plain
-from .scripts.resend import aresend, resend
+from .scripts import AsyncScriptRunner, ScriptRunner, calls
 from .task import AsyncTask, Task
 from .workflow import Workflow, WorkflowHandle
 from .workflow import batch as _batch
@@ -34,11 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor")
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
-ENQUEUE_CHUNK = 2000  # jobs per script call; a bulk enqueue pipelines its chunks
-# A bulk enqueue whose connection broke sends the same requests again (each chunk's reply
-# is kept, so a chunk is never stored twice) for up to this long, through a Redis restart
-# or a failover, before it gives up and says which jobs it cannot confirm.
-RESOLVE_SECONDS = 15.0
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -96,7 +90,8 @@ class Conveyor:
         ] = weakref.WeakKeyDictionary()
         self._registered_queues: set[str] = set()
         self.hooks: list[Hook] = []  # tracing and test helpers: see conveyor.hooks
-        self._inline: InlineRunner | None = None  # set by conveyor.testing.inline
+        # where jobs go: Redis, or conveyor.testing.inline's runner (see conveyor.producer)
+        self._sender: producer.Sender = producer.RedisSender(self)
 
     def __repr__(self) -> str:
         return f"<Conveyor {self.url} namespace={self.namespace!r} tasks={len(self.tasks)}>"
@@ -320,156 +315,35 @@ class Conveyor:
 
         return Worker(self, queues=queues, concurrency=concurrency, **options)
 
-    # -- storing jobs ----------------------------------------------------------------------
-
-    def _chunks(
-        self, queue: str, spec: calls.JobSpec, jobs: Sequence[tuple[str, bytes]]
-    ) -> list[Any]:
-        k = self.keys(queue)
-        return [
-            calls.enqueue(k, spec, jobs[i : i + ENQUEUE_CHUNK], self.limits)
-            for i in range(0, len(jobs), ENQUEUE_CHUNK)
-        ]
+    # -- storing jobs (see conveyor.producer) ----------------------------------------------
 
     def store(
         self, queue: str, spec: calls.JobSpec, jobs: Sequence[tuple[str, bytes]],
         durable: bool = False,
     ) -> list[tuple[str, bool]]:
         """Store jobs given as (short id, encoded arguments), all as ``spec`` says, in one
-        round trip; (short id, created) for each.
+        round trip; (short id, created) for each. No task: no enqueue hooks run (a task's
+        ``enqueue`` is the usual way).
 
         :param durable: also wait (``WAIT``, on the same connection) until
             :attr:`durable_replicas` replicas have the jobs
         :raises NotReplicated: durable, and fewer replicas confirmed in time
         """
-        if self._inline is not None:  # conveyor.testing.inline: run here, no Redis
-            return self._inline.store(queue, spec, jobs)
-        if len(jobs) == 1 and queue in self._registered_queues and not durable:
-            return self.scripts.enqueue_one(self.keys(queue), spec, self.limits, jobs[0],
-                                            lambda: self._chunks(queue, spec, jobs)[0])
-        chunks = self._chunks(queue, spec, jobs)
-        if not self.scripts.pipelined:  # a cluster: its pipelines refuse script calls
-            if durable:
-                raise ConfigurationError("durable enqueue is not available on a Redis"
-                                         " Cluster (WAIT must follow the writes on their"
-                                         " connection)")
-            return self._store_apart(queue, chunks)
-        register = ("SADD", keyspace.queues_key(self.namespace), queue)
-        wait = [("WAIT", self.durable_replicas, max(1, int(self.durable_timeout * 1000)))]
-        try:  # the same requests until answered: each chunk is stored once (keep_reply)
-            replies = resend(lambda: self.scripts.send_all(
-                chunks, before=[register], after=wait if durable else ()), RESOLVE_SECONDS)
-        except plain.BROKEN as exc:
-            raise self._unconfirmed(queue, [], chunks, exc) from exc
-        acked: Any = replies.pop() if durable else 0
-        stored = self._stored(queue, chunks, replies)
-        self._registered_queues.add(queue)
-        if durable and (isinstance(acked, Exception) or int(acked) < self.durable_replicas):
-            confirmed = 0 if isinstance(acked, Exception) else int(acked)
-            raise NotReplicated(
-                f"{len(stored)} job(s) of queue {queue!r} are stored on the primary, but"
-                f" {confirmed} of {self.durable_replicas} replica(s) confirmed them within"
-                f" {self.durable_timeout} s", [Job._of(self, queue, s) for s, _ in stored],
-                confirmed)
-        return stored
-
-    def _unconfirmed(self, queue: str, stored: list[tuple[str, bool]], chunks: list[Any],
-                     error: BaseException) -> PartialEnqueue:
-        """The error of a bulk enqueue whose last replies never came, however often it was
-        sent: ``stored`` are stored, the jobs of ``chunks`` may be (each chunk all or
-        none); their records tell (``job.info()`` raises :class:`JobNotFound` if not)."""
-        jobs = [Job._of(self, queue, short) for short, _ in stored]
-        unsure = [Job._of(self, queue, str(short)) for call in chunks
-                  for short in call.args[call.fixed::2]]
-        raised = PartialEnqueue(
-            f"{len(jobs)} job(s) of queue {queue!r} are stored and {len(unsure)} may be:"
-            f" Redis stopped answering ({type(error).__name__}: {error}); .jobs lists the"
-            " stored ones, .unconfirmed the others (job.info() tells whether each exists)",
-            jobs, unsure)
-        raised.__cause__ = error
-        return raised
-
-    def _partial(self, queue: str, stored: list[tuple[str, bool]], error: BaseException
-                 ) -> BaseException:
-        """The error to raise when a bulk enqueue failed after ``stored``: the original
-        one when nothing was stored, else :class:`PartialEnqueue` naming what was."""
-        if not stored:
-            return error
-        jobs = [Job._of(self, queue, short) for short, _ in stored]
-        raised = PartialEnqueue(
-            f"{len(jobs)} job(s) of queue {queue!r} were stored before Redis refused the"
-            f" rest ({type(error).__name__}: {error}); .jobs lists the stored ones", jobs)
-        raised.__cause__ = error
-        return raised
-
-    def _stored(self, queue: str, chunks: list[Any], replies: list[Any]
-                ) -> list[tuple[str, bool]]:
-        """What a pipelined store stored: (short id, created) for each job, read from the
-        replies of the queue's registration and of each chunk.
-
-        :raises PartialEnqueue: a chunk failed (the ones before it are stored)
-        """
-        stored: list[tuple[str, bool]] = []
-        for call, reply in zip(chunks, replies[1:], strict=True):
-            if isinstance(reply, Exception):
-                raise self._partial(queue, stored, reply)
-            stored.extend(call.parse(reply))
-        if isinstance(replies[0], Exception):
-            raise self._partial(queue, stored, replies[0])
-        return stored
-
-    def _store_apart(self, queue: str, chunks: list[Any]) -> list[tuple[str, bool]]:
-        """:meth:`store` without a pipeline: register the queue once, then one script call
-        per chunk (each in the queue's slot, so each reaches the node that owns it)."""
-        if queue not in self._registered_queues:
-            self.redis.sadd(keyspace.queues_key(self.namespace), queue)
-            self._registered_queues.add(queue)
-        stored: list[tuple[str, bool]] = []
-        for i, call in enumerate(chunks):
-            try:
-                stored.extend(resend(partial(self.scripts.run, call), RESOLVE_SECONDS))
-            except plain.BROKEN as exc:
-                raise self._unconfirmed(queue, stored, chunks[i:], exc) from exc
-            except Exception as exc:
-                raise self._partial(queue, stored, exc) from exc
-        return stored
+        return self._sender.send(producer.encoded(self, queue, spec, jobs, durable))
 
     async def astore(
         self, queue: str, spec: calls.JobSpec, jobs: Sequence[tuple[str, bytes]],
         durable: bool = False,
     ) -> list[tuple[str, bool]]:
         """Async twin of :meth:`store`."""
-        if self._inline is not None:
-            return await self._inline.astore(queue, spec, jobs)
-        if durable:  # the writes and their WAIT share one connection: the sync pipeline's
-            return await asyncio.to_thread(self.store, queue, spec, jobs, True)
-        client, runner = self._async_pair()
-        if len(jobs) == 1 and queue in self._registered_queues:
-            return await runner.enqueue_one(self.keys(queue), spec, self.limits, jobs[0],
-                                            lambda: self._chunks(queue, spec, jobs)[0])
-        chunks = self._chunks(queue, spec, jobs)
-        if runner.pipelined:  # one round trip, as the sync store
-            register = ("SADD", keyspace.queues_key(self.namespace), queue)
-            try:
-                replies = await aresend(lambda: runner.send_all(chunks, [register]),
-                                        RESOLVE_SECONDS)
-            except plain.BROKEN as exc:
-                raise self._unconfirmed(queue, [], chunks, exc) from exc
-            stored = self._stored(queue, chunks, replies)
-            self._registered_queues.add(queue)
-            return stored
-        if queue not in self._registered_queues:
-            await client.sadd(keyspace.queues_key(self.namespace), queue)
-            self._registered_queues.add(queue)
-        out: list[tuple[str, bool]] = []
-        for i, call in enumerate(chunks):
-            try:
-                out.extend(await aresend(partial(runner.run, call), RESOLVE_SECONDS))
-            except plain.BROKEN as exc:
-                raise self._unconfirmed(queue, out, chunks[i:], exc) from exc
-            except Exception as exc:
-                raise self._partial(queue, out, exc) from exc
-        return out
+        return await self._sender.asend(producer.encoded(self, queue, spec, jobs, durable))
+
+    @property
+    def _inline(self) -> InlineRunner | None:
+        """``conveyor.testing.inline``'s sender while it is on: job handles read its records."""
+        from .testing import InlineRunner
+
+        return self._sender if isinstance(self._sender, InlineRunner) else None
 
     def known_queues(self) -> list[str]:
         """Every queue that has ever received a job in this namespace, sorted."""

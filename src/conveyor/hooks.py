@@ -13,13 +13,19 @@ events, and the SQL sink's rows, carry it (``trace_id``).
 
 Hooks are appended to :attr:`conveyor.Conveyor.hooks` (``conveyor.contrib.otel`` does
 so). An app without hooks pays one truth test per enqueue and per run.
+
+Every producer stores its jobs through :mod:`conveyor.producer`, which enters the enqueue
+hooks, once per call: tasks' ``enqueue`` and ``enqueue_many`` (and their a-twins), the
+Django backend, and workflows (once for each kind of job among the nodes: see
+:func:`enqueueing_kinds`). Periodic ticks are the exception: every worker serving the
+queue fires each tick and only the first stores it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -97,6 +103,38 @@ def enqueueing(app: Conveyor, task: Task[Any, Any], count: int
     if not app.hooks:
         return _NO_META
     return _enqueue_hooks(app, task, count)
+
+
+@contextlib.contextmanager
+def _kinds_hooks(app: Conveyor, tasks: Sequence[Task[Any, Any]]
+                 ) -> Iterator[Callable[[Task[Any, Any]], dict[str, str] | None]]:
+    kinds: dict[tuple[str, str, Any], tuple[Task[Any, Any], int]] = {}
+    for task in tasks:
+        kind = (task.name, task.queue, task.job_options)
+        first, count = kinds.get(kind, (task, 0))
+        kinds[kind] = (first, count + 1)
+    metas: dict[tuple[str, str, Any], dict[str, str]] = {}
+    with contextlib.ExitStack() as stack:
+        for kind, (task, count) in kinds.items():
+            metas[kind] = stack.enter_context(_enqueue_hooks(app, task, count))
+            take_trace_id(metas[kind])  # a workflow's records keep no trace id
+        yield lambda task: metas[(task.name, task.queue, task.job_options)]
+
+
+def _no_kinds_meta(task: Task[Any, Any]) -> None:
+    return None
+
+
+def enqueueing_kinds(app: Conveyor, tasks: Sequence[Task[Any, Any]]
+                     ) -> AbstractContextManager[Callable[[Task[Any, Any]], dict[str, str] | None]]:
+    """The context in which the jobs of several tasks are stored at once (a workflow's
+    nodes): the hooks are entered once for each kind of job among them (the same task
+    name, queue and options), one inside the other, with that kind's count; it gives the
+    meta of each task's jobs (``None`` when the app has no hooks). A trace id written
+    under :data:`TRACE_ID` is dropped: a workflow's records have no field for it."""
+    if not app.hooks:
+        return nullcontext(_no_kinds_meta)
+    return _kinds_hooks(app, tasks)
 
 
 def take_trace_id(meta: dict[str, str] | None) -> str:

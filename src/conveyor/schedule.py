@@ -2,10 +2,11 @@
 workers run.
 
 Every worker that serves a periodic's queue arms a timer, from the server's clock, for
-the next tick; at the tick each of them calls the enqueue script with a claim on that
-tick, and the script stores the job only for the first caller, with the tick in the
-record's ``tick`` field. After an outage, the missed ticks
-fire once (for the latest of them), or each of them when ``catch_up=True``.
+the next tick; at the tick each of them enqueues the job (through
+:mod:`conveyor.producer`, as every producer does) with a claim on that tick, and the
+enqueue script stores it only for the first caller, with the tick in the record's ``tick``
+field. After an outage, the missed ticks fire once (for the latest of them), or each of
+them when ``catch_up=True``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import redis.exceptions
 from croniter import croniter
 
+from . import producer
 from .errors import ConfigurationError
 from .scripts import calls
 
@@ -99,11 +101,8 @@ class Scheduler:
 
     async def fire(self, periodic: Periodic, tick: float, only_if_seen: bool = False) -> bool:
         """Enqueue ``periodic``'s job for ``tick`` unless another worker already did."""
-        task = periodic.task
         claim = calls.Claim(periodic.name, round(tick * 1000), only_if_seen)
-        call = calls.enqueue(self.app.keys(task.queue), task._spec(), [task._new_job((), {})],
-                             self.app.limits, claim=claim)
-        stored = await self.app.ascripts().run(call)
+        stored = await producer.aenqueue(periodic.task, [((), {})], claim=claim)
         if stored:
             self.fired += 1
             log.info("fired %s for tick %.3f", periodic.name, tick)

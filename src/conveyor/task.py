@@ -2,25 +2,25 @@
 
 Task arguments never share a namespace with job options: ``task.enqueue(*args, **kwargs)``
 passes everything to the function, and options go through ``task.options(...)``, which
-returns a frozen copy.
+returns a frozen copy. The jobs are stored by :mod:`conveyor.producer`, as every
+producer's are.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import inspect
-import os
 import random
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Self, TypeVar
 
 from . import keys as keyspace
+from . import producer
 from .errors import ConfigurationError
-from .hooks import enqueueing, take_trace_id
 from .job import Job
-from .scripts import calls
+from .producer import new_short_id as new_short_id  # made by the producer; named here too
+from .producer import new_short_ids as new_short_ids
 
 if TYPE_CHECKING:
     from .app import Conveyor
@@ -134,19 +134,6 @@ def _epoch(at: Any) -> float | None:
     raise ConfigurationError(f"at must be an aware datetime or epoch seconds, got {at!r}")
 
 
-def new_short_id() -> str:
-    """A random 96-bit job id, 16 URL-safe characters: short, so queued jobs cost little
-    memory."""
-    return base64.urlsafe_b64encode(os.urandom(12)).decode()
-
-
-def new_short_ids(n: int) -> list[str]:
-    """``n`` ids as :func:`new_short_id` makes them, from one read of the OS's randomness
-    (12 bytes encode to 16 characters without padding, so each id is a slice)."""
-    text = base64.urlsafe_b64encode(os.urandom(12 * n)).decode()
-    return [text[i:i + 16] for i in range(0, 16 * n, 16)]
-
-
 class Task(Generic[P, R]):
     """A registered task. Call it to run the function here; ``enqueue`` to run it on a worker.
 
@@ -218,64 +205,8 @@ class Task(Generic[P, R]):
         """
         copy = object.__new__(type(self))
         copy.__dict__.update(self.__dict__)
-        copy.__dict__.pop("_spec_cache", None)
         copy.job_options = self.job_options.merged(changes)
         return copy
-
-    def _spec(self) -> calls.JobSpec:
-        """What every job enqueued through this task (and its options) shares (made once:
-        the options of a task object never change)."""
-        spec: calls.JobSpec | None = self.__dict__.get("_spec_cache")
-        if spec is None:
-            spec = self.__dict__["_spec_cache"] = self._make_spec()
-        return spec
-
-    def _make_spec(self) -> calls.JobSpec:
-        o = self.job_options
-        return calls.JobSpec(
-            task=self.name,
-            priority=o.priority,
-            tenant=o.tenant or "",
-            delay_ms=None if o.delay is None else o.delay * 1000,
-            at_ms=None if o.at is None else o.at * 1000,
-            max_attempts=self.max_attempts,
-            key=o.key or "",
-            visibility_ms=max(1, int(self.visibility_timeout * 1000)),
-            debounce_ms=None if o.debounce is None else o.debounce * 1000,
-            debounce_max_ms=None if o.debounce_max is None else o.debounce_max * 1000,
-            throttle_ms=None if o.throttle is None else o.throttle * 1000,
-        )
-
-    def _call_spec(self, meta: dict[str, str] | None) -> calls.JobSpec:
-        """The spec of one enqueue call: the task's, with the call's trace id if a hook
-        gave one (taken out of ``meta``: call before encoding the jobs)."""
-        trace_id = take_trace_id(meta)
-        return self._spec()._replace(trace=trace_id) if trace_id else self._spec()
-
-    def _new_job(self, args: Sequence[Any], kwargs: dict[str, Any],
-                 meta: dict[str, str] | None = None) -> tuple[str, bytes]:
-        return new_short_id(), self.app.codec.encode_args(self.name, tuple(args), kwargs, meta)
-
-    def _batch(self, items: Iterable[Any], meta: dict[str, str] | None = None
-               ) -> list[tuple[str, bytes]]:
-        encode, name = self.app.codec.encode_args, self.name
-        items = list(items)
-        jobs = []
-        for short_id, item in zip(new_short_ids(len(items)), items, strict=True):
-            if isinstance(item, Mapping):
-                jobs.append((short_id, encode(name, (), dict(item), meta)))
-            elif isinstance(item, tuple | list):
-                jobs.append((short_id, encode(name, tuple(item), {}, meta)))
-            else:
-                jobs.append((short_id, encode(name, (item,), {}, meta)))
-        if self.job_options.key is not None and len(jobs) > 1:
-            raise ConfigurationError(
-                "a dedupe key names one job: use it with enqueue, not enqueue_many"
-            )
-        return jobs
-
-    def _jobs(self, replies: list[tuple[str, bool]]) -> list[Job[R]]:
-        return [Job._of(self.app, self.queue, short) for short, _ in replies]
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job[R]:
         """Store a job that calls this task with these arguments; it is in Redis on return.
@@ -283,43 +214,32 @@ class Task(Generic[P, R]):
         :raises SerializationError: an argument cannot be encoded (nothing is written)
         :raises PayloadTooLarge: the encoded arguments are over the limit
         """
-        with enqueueing(self.app, self, 1) as meta:
-            spec = self._call_spec(meta)
-            stored = self.app.store(self.queue, spec, [self._new_job(args, kwargs, meta)],
-                                    durable=self.job_options.durable)
-        return self._jobs(stored)[0]
+        return producer.enqueue(self, [(args, kwargs)])[0]
 
     def enqueue_many(self, items: Iterable[Any]) -> list[Job[R]]:
         """Store many jobs in one round trip; each item is a tuple of positional arguments,
         a dict of keyword arguments, or a single argument. The options apply to every job."""
-        items = list(items)
-        if not items:
-            return []
-        with enqueueing(self.app, self, len(items)) as meta:
-            spec = self._call_spec(meta)
-            jobs = self._batch(items, meta)
-            return self._jobs(self.app.store(self.queue, spec, jobs,
-                                             durable=self.job_options.durable))
+        arguments = [_arguments(item) for item in items]
+        return producer.enqueue(self, arguments) if arguments else []
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job[R]:
         """Async twin of :meth:`enqueue`."""
-        with enqueueing(self.app, self, 1) as meta:
-            spec = self._call_spec(meta)
-            stored = await self.app.astore(self.queue, spec,
-                                           [self._new_job(args, kwargs, meta)],
-                                           durable=self.job_options.durable)
-        return self._jobs(stored)[0]
+        return (await producer.aenqueue(self, [(args, kwargs)]))[0]
 
     async def aenqueue_many(self, items: Iterable[Any]) -> list[Job[R]]:
         """Async twin of :meth:`enqueue_many`."""
-        items = list(items)
-        if not items:
-            return []
-        with enqueueing(self.app, self, len(items)) as meta:
-            spec = self._call_spec(meta)
-            jobs = self._batch(items, meta)
-            return self._jobs(await self.app.astore(self.queue, spec, jobs,
-                                                    durable=self.job_options.durable))
+        arguments = [_arguments(item) for item in items]
+        return await producer.aenqueue(self, arguments) if arguments else []
+
+
+def _arguments(item: Any) -> producer.Arguments:
+    """One item of ``enqueue_many`` as (args, kwargs): a dict is keyword arguments, a
+    tuple or list positional ones, anything else the one positional argument."""
+    if isinstance(item, Mapping):
+        return (), dict(item)
+    if isinstance(item, tuple | list):
+        return tuple(item), {}
+    return (item,), {}
 
 
 class AsyncTask(Task[P, R]):

@@ -32,10 +32,13 @@ from typing import TYPE_CHECKING, Any
 from . import hooks
 from . import keys as keyspace
 from .job import JobInfo
+from .producer import RedisSender, Sent
 from .record import ARGS, ENQUEUED_MS, MAX_ATTEMPTS, PRIORITY, STATE, TASK
 
 if TYPE_CHECKING:
     from .app import Conveyor
+    from .producer import Plan
+    from .scripts import ScriptCall
     from .scripts.calls import JobSpec
     from .task import Task
 
@@ -43,8 +46,11 @@ __all__ = ["InlineRunner", "adrain", "drain", "inline", "isolated"]
 
 
 class InlineRunner:
-    """What :func:`inline` installs on an app: stores jobs as records in memory and runs
-    each at once, in this process."""
+    """What :func:`inline` installs on an app: the sender (see :mod:`conveyor.producer`)
+    that stores jobs as records in memory and runs each at once, in this process. The
+    producer plans jobs as for Redis and runs the enqueue hooks as for Redis; only the
+    sending differs. A workflow's calls still go to Redis: its nodes wait for each other,
+    which needs the real scripts (use :func:`drain`)."""
 
     def __init__(self, app: Conveyor) -> None:
         self.app = app
@@ -73,25 +79,33 @@ class InlineRunner:
                 field = STATE if name == "state" else name
                 record[field.encode()] = value if isinstance(value, bytes) else str(value).encode()
 
-    def store(self, queue: str, spec: JobSpec, jobs: Sequence[tuple[str, bytes]]
-              ) -> list[tuple[str, bool]]:
-        """Store and run ``jobs`` (what :meth:`Conveyor.store` does with a Redis)."""
-        for short_id, payload in jobs:
-            self._new(queue, spec, short_id, payload)
-            self._run(queue, spec.task, short_id, payload, self._call_sync)
-        return [(short_id, True) for short_id, _ in jobs]
+    def send(self, plan: Plan) -> list[tuple[str, bool]]:
+        """Store and run the plan's jobs (what :class:`~conveyor.producer.RedisSender`
+        does with a Redis)."""
+        for short_id, payload in plan.jobs:
+            self._new(plan.queue, plan.spec, short_id, payload)
+            self._run(plan.queue, plan.spec.task, short_id, payload, self._call_sync)
+        return [(short_id, True) for short_id, _ in plan.jobs]
 
-    async def astore(self, queue: str, spec: JobSpec, jobs: Sequence[tuple[str, bytes]]
-                     ) -> list[tuple[str, bool]]:
-        """Async twin of :meth:`store`: async tasks are awaited on the running loop."""
-        for short_id, payload in jobs:
+    async def asend(self, plan: Plan) -> list[tuple[str, bool]]:
+        """Async twin of :meth:`send`: async tasks are awaited on the running loop."""
+        queue, spec = plan.queue, plan.spec
+        for short_id, payload in plan.jobs:
             self._new(queue, spec, short_id, payload)
             task = self.app.tasks.get(spec.task)
             if task is not None and task.is_async:
                 await self._arun(queue, task, short_id, payload)
             else:
                 self._run(queue, spec.task, short_id, payload, self._call_sync)
-        return [(short_id, True) for short_id, _ in jobs]
+        return [(short_id, True) for short_id, _ in plan.jobs]
+
+    def send_together(self, queued: Sequence[tuple[str, ScriptCall[Any]]]) -> Sent:
+        """A workflow's calls: sent to Redis (see the class)."""
+        return RedisSender(self.app).send_together(queued)
+
+    async def asend_together(self, queued: Sequence[tuple[str, ScriptCall[Any]]]) -> Sent:
+        """Async twin of :meth:`send_together`."""
+        return await RedisSender(self.app).asend_together(queued)
 
     @staticmethod
     def _call_sync(task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -189,13 +203,13 @@ def inline(app: Conveyor) -> Iterator[InlineRunner]:
 
     :param app: the application whose tasks run inline
     """
-    previous = app._inline
+    previous = app._sender
     runner = InlineRunner(app)
-    app._inline = runner
+    app._sender = runner
     try:
         yield runner
     finally:
-        app._inline = previous
+        app._sender = previous
 
 
 class _Ran(hooks.Hook):

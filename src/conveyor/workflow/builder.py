@@ -171,15 +171,15 @@ class Workflow:
         :raises PartialEnqueue: some queues' nodes were stored before Redis failed; the
             workflow was then cancelled, as far as Redis allowed
         """
-        from .store import store
+        from ..producer import store_workflow
 
-        return store(self.app, self)
+        return store_workflow(self.app, self)
 
     async def aenqueue(self) -> WorkflowHandle:
         """Async twin of :meth:`enqueue`."""
-        from .store import astore
+        from ..producer import astore_workflow
 
-        return await astore(self.app, self)
+        return await astore_workflow(self.app, self)
 
 
 def _parents(wf: Workflow, after: Iterable[Node | str] | Node | None) -> tuple[Node | str, ...]:

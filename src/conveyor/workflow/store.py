@@ -1,4 +1,8 @@
-"""Storing a workflow: plan the script calls (no I/O), then send them, sync or async.
+"""Planning a workflow's store: the script calls that store its nodes (no I/O).
+
+:mod:`conveyor.producer` runs the enqueue hooks around the planning and sends the calls,
+as for every other producer; a failure after some queues were stored cancels what was
+(:func:`partly_stored`).
 
 A workflow's id is ``"<home queue>~<short id>"``, the home queue being the first node's:
 its record (the node list) lives in that queue's slot. Nodes are stored by one
@@ -11,6 +15,7 @@ settled as it is stored (see ``workflow_enqueue.lua``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +24,14 @@ import msgspec
 from .. import keys as keyspace
 from ..errors import ConfigurationError, PartialEnqueue
 from ..job import Job
+from ..producer import job_spec
 from ..scripts import ScriptCall, calls
 from .builder import Workflow
-from .handle import WorkflowHandle, run_all
+from .handle import run_all
 
 if TYPE_CHECKING:
     from ..app import Conveyor
+    from ..task import Task
 
 log = logging.getLogger("conveyor.workflow")
 _json = msgspec.json.Encoder()
@@ -38,9 +45,11 @@ class Plan:
     calls: list[tuple[str, ScriptCall[int], list[str]]]  # queue, call, node short ids
 
 
-def plan(app: Conveyor, wf: Workflow) -> Plan:
+def plan(app: Conveyor, wf: Workflow,
+         meta_of: Callable[[Task[Any, Any]], dict[str, str] | None] | None = None) -> Plan:
     """The script calls that store ``wf``.
 
+    :param meta_of: the meta the enqueue hooks gave for a task's nodes
     :raises ConfigurationError: no nodes, a cycle, an unknown dependency
     :raises SerializationError: arguments that cannot be encoded
     """
@@ -61,10 +70,11 @@ def plan(app: Conveyor, wf: Workflow) -> Plan:
     by_queue: dict[str, list[calls.NodeSpec]] = {home: []}
     for node in order:
         task = node.task
-        args = app.codec.encode_args(task.name, node.args, node.kwargs)
+        meta = meta_of(task) if meta_of is not None else None
+        args = app.codec.encode_args(task.name, node.args, node.kwargs, meta)
         ps = parents[node.name]
         by_queue.setdefault(task.queue, []).append(calls.NodeSpec(
-            short_id=keyspace.split_job_id(ids[node.name])[1], spec=task._spec(), args=args,
+            short_id=keyspace.split_job_id(ids[node.name])[1], spec=job_spec(task), args=args,
             name=node.name, waits_for=len(ps), run_if=node.run_if,
             parents=_json.encode([[p, ids[p]] for p in ps]) if ps else b"",
             children=_json.encode(children[node.name]) if children[node.name] else b"",
@@ -81,7 +91,8 @@ def plan(app: Conveyor, wf: Workflow) -> Plan:
     return Plan(wf_id, planned)
 
 
-def _partial(app: Conveyor, p: Plan, stored: list[str], error: BaseException) -> BaseException:
+def partly_stored(app: Conveyor, p: Plan, stored: list[str], error: BaseException
+                  ) -> BaseException:
     """Nothing stored: the error itself. Else cancel what was stored (as far as Redis lets
     us) and say what was stored."""
     if not stored:
@@ -101,48 +112,3 @@ def _partial(app: Conveyor, p: Plan, stored: list[str], error: BaseException) ->
         f" failed ({type(error).__name__}: {error}); {what}; .jobs lists the stored nodes", jobs)
     partial.__cause__ = error
     return partial
-
-
-def store(app: Conveyor, wf: Workflow) -> WorkflowHandle:
-    """Store ``wf`` (see :meth:`Workflow.enqueue`)."""
-    p = plan(app, wf)
-    queues = [q for q, _, _ in p.calls]
-    stored: list[str] = []
-    if app.scripts.pipelined:
-        register = ("SADD", keyspace.queues_key(app.namespace), *queues)
-        replies: list[Any] = app.scripts.send_all([call for _, call, _ in p.calls],
-                                                  before=[register])
-        # Calls in a pipeline run whatever the others do: those that failed may be any.
-        errors = [r for r in replies if isinstance(r, Exception)]
-        stored = [q for (q, _, _), r in zip(p.calls, replies[1:], strict=True)
-                  if not isinstance(r, Exception)]
-        if errors:
-            raise _partial(app, p, stored, errors[0])
-        app._registered_queues.update(queues)
-        return WorkflowHandle(app, p.id)
-    new = [q for q in queues if q not in app._registered_queues]
-    if new:  # the index of queues lives outside every queue's slot: once per queue
-        app.redis.sadd(keyspace.queues_key(app.namespace), *new)
-        app._registered_queues.update(new)
-    for queue, call, _ in p.calls:
-        try:
-            app.scripts.run(call)
-        except Exception as exc:
-            raise _partial(app, p, stored, exc) from exc
-        stored.append(queue)
-    return WorkflowHandle(app, p.id)
-
-
-async def astore(app: Conveyor, wf: Workflow) -> WorkflowHandle:
-    """Async twin of :func:`store` (one call per queue, in order)."""
-    p = plan(app, wf)
-    client, runner = app.aredis(), app.ascripts()
-    await client.sadd(keyspace.queues_key(app.namespace), *[q for q, _, _ in p.calls])
-    stored: list[str] = []
-    for queue, call, _ in p.calls:
-        try:
-            await runner.run(call)
-        except Exception as exc:
-            raise _partial(app, p, stored, exc) from exc
-        stored.append(queue)
-    return WorkflowHandle(app, p.id)

@@ -23,7 +23,9 @@ How Django's task settings map onto conveyor:
   from any process; states map as scheduled/ready/retrying -> READY, active -> RUNNING,
   succeeded -> SUCCESSFUL, dead/cancelled -> FAILED;
 - each Django task is a conveyor task named by its module path, so the dashboard, stats
-  and dead letters show it by name.
+  and dead letters show it by name;
+- an enqueue goes through :mod:`conveyor.producer` like a conveyor task's, enqueue hooks
+  included: ``conveyor.contrib.otel.instrument(task.get_backend().app)`` traces it.
 
 ``OPTIONS``: ``url``, ``namespace`` (default ``"conveyor"``), ``retries`` (runs after a
 failed first one before FAILED; default 0, as Django expects), ``backoff`` (base seconds
@@ -42,18 +44,19 @@ import math
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from django.db import close_old_connections, transaction
 from django.utils.module_loading import import_string
 
-from ... import keys as keyspace
+from ... import producer
 from ...app import Conveyor
 from ...errors import JobNotFound
 from ...hooks import Attempt, Hook
 from ...job import JobInfo, JobState
 from ...record import ARGS
-from ...task import Task, new_short_id
+from ...task import Task
 
 
 def _api() -> tuple[Any, Any, Any]:
@@ -219,17 +222,16 @@ class ConveyorBackend(BaseTaskBackend):  # type: ignore[misc]
         if queued.queue != task.queue_name:
             queued.queue = task.queue_name
         args, kwargs = list(args), dict(kwargs)
-        short_id = new_short_id()
-        payload = self.app.codec.encode_args(queued.name, tuple(args), kwargs)
-
-        def store() -> None:
-            self.app.store(queued.queue, queued._spec(), [(short_id, payload)])
-
+        arguments = [(tuple(args), kwargs)]
         if self.on_commit and not transaction.get_autocommit():
-            transaction.on_commit(store)
+            # Planned (encoded) now, so an argument that cannot be fails here; stored, and
+            # its enqueue hooks run, once the transaction commits.
+            planned = producer.plan(queued, arguments)
+            transaction.on_commit(partial(producer.store, planned))
+            [job_id] = planned.job_ids
         else:
-            store()
-        job_id = keyspace.job_id(queued.queue, short_id)
+            [job] = producer.enqueue(queued, arguments)
+            job_id = job.id
         return self._result(task, job_id, args, kwargs, "READY", enqueued_at=datetime.now(UTC))
 
     @staticmethod
