@@ -187,9 +187,9 @@ def test_a_call_sent_again_returns_its_first_reply_and_a_new_one_applies(
 def test_a_bulk_enqueue_that_never_hears_back_names_the_jobs_it_cannot_confirm(
     app: conveyor.Conveyor, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import conveyor.producer as producer_module
+    import conveyor.producer.send as send_module
 
-    monkeypatch.setattr(producer_module, "RESOLVE_SECONDS", 0.5)
+    monkeypatch.setattr(send_module, "RESOLVE_SECONDS", 0.5)
 
     @app.task(queue="never")
     def noop(i: int) -> int:

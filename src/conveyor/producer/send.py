@@ -1,261 +1,38 @@
-"""Storing jobs: the one path every producer takes.
+"""Sending plans: the :class:`Sender` interface, and :class:`RedisSender`.
 
-Tasks (``enqueue``, ``enqueue_many`` and their a-twins), the periodic scheduler, workflows
-and the Django backend all store their jobs here, in three steps:
+A sender takes the plans :mod:`conveyor.producer` builds and stores their jobs. The app
+holds one (``app._sender``): a :class:`RedisSender`, or, within
+``conveyor.testing.inline``, the inline runner, which runs each job at once in the
+process. Plans say what to send; a sender only says how.
 
-1. the enqueue hooks (:mod:`conveyor.hooks`) are entered once per call, around everything
-   that follows, and give the meta each job carries in its payload;
-2. a :class:`Plan` is built, once: the jobs (ids and encoded arguments), the spec they
-   share (the task's options and the call's trace id), the enqueue script calls (chunks of
-   at most :data:`ENQUEUE_CHUNK` jobs, made on first use), whether the queue must be in the
-   namespace's index of queues, whether to wait for replicas, and whether the one-job path
-   applies (a plain ``MULTI`` when the spec allows it, else the script);
-3. the app's :class:`Sender` sends it: :class:`RedisSender`, or, within
-   ``conveyor.testing.inline``, the inline runner, which runs each job at once in this
-   process. Both take the same plans.
-
-A workflow takes the same steps with its own plan (one ``workflow_enqueue`` call per
-queue, see :mod:`conveyor.workflow.store`): the hooks are entered once for each kind of
-job among its nodes. A periodic tick is stored under a claim, which every worker serving
-the queue makes and only the first wins: it runs no hooks (the others' spans would each
-announce a job that was never stored), and its scheduler fires it again after an error.
-
-Whatever the next producer feature is, it is written here once and every producer has it.
+Every request that stores jobs is sent again until answered (see
+:mod:`conveyor.scripts.resend`): each chunk's reply is kept under its request, so a chunk
+whose reply was lost is never stored twice, and a bulk enqueue that never hears back says
+which jobs it cannot confirm (:attr:`PartialEnqueue.unconfirmed`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import os
-import weakref
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from . import keys as keyspace
-from .errors import ConfigurationError, NotReplicated, PartialEnqueue
-from .hooks import enqueueing, enqueueing_kinds, take_trace_id
-from .job import Job
-from .scripts import ScriptCall, calls, plain
-from .scripts.resend import aresend, resend
+from .. import keys as keyspace
+from ..errors import ConfigurationError, NotReplicated, PartialEnqueue
+from ..job import Job
+from ..scripts import ScriptCall, plain
+from ..scripts.resend import aresend, resend
 
 if TYPE_CHECKING:
-    from .app import Conveyor
-    from .task import Task
-    from .workflow import Workflow, WorkflowHandle
+    from ..app import Conveyor
+    from . import Plan
 
-ENQUEUE_CHUNK = 2000  # jobs per script call; a bulk enqueue pipelines its chunks
 # A bulk enqueue whose connection broke sends the same requests again (each chunk's reply
 # is kept, so a chunk is never stored twice) for up to this long, through a Redis restart
 # or a failover, before it gives up and says which jobs it cannot confirm.
 RESOLVE_SECONDS = 15.0
-
-Arguments = tuple[tuple[Any, ...], dict[str, Any]]  # one job's (args, kwargs)
 Stored = list[tuple[str, bool]]  # (short id, created) of each job, as the script replies
-_UNHOOKED: AbstractContextManager[None] = nullcontext()
-
-
-def new_short_id() -> str:
-    """A random 96-bit job id, 16 URL-safe characters: short, so queued jobs cost little
-    memory."""
-    return base64.urlsafe_b64encode(os.urandom(12)).decode()
-
-
-def new_short_ids(n: int) -> list[str]:
-    """``n`` ids as :func:`new_short_id` makes them, from one read of the OS's randomness
-    (12 bytes encode to 16 characters without padding, so each id is a slice)."""
-    text = base64.urlsafe_b64encode(os.urandom(12 * n)).decode()
-    return [text[i:i + 16] for i in range(0, 16 * n, 16)]
-
-
-_specs: weakref.WeakKeyDictionary[Task[Any, Any], calls.JobSpec] = weakref.WeakKeyDictionary()
-
-
-def job_spec(task: Task[Any, Any]) -> calls.JobSpec:
-    """What every job of ``task`` (with its options) shares, made once per task object: the
-    options of a task never change, ``task.options(...)`` makes a new one."""
-    spec = _specs.get(task)
-    if spec is None:
-        o = task.job_options
-        spec = _specs[task] = calls.JobSpec(
-            task=task.name,
-            priority=o.priority,
-            tenant=o.tenant or "",
-            delay_ms=None if o.delay is None else o.delay * 1000,
-            at_ms=None if o.at is None else o.at * 1000,
-            max_attempts=task.max_attempts,
-            key=o.key or "",
-            visibility_ms=max(1, int(task.visibility_timeout * 1000)),
-            debounce_ms=None if o.debounce is None else o.debounce * 1000,
-            debounce_max_ms=None if o.debounce_max is None else o.debounce_max * 1000,
-            throttle_ms=None if o.throttle is None else o.throttle * 1000,
-        )
-    return spec
-
-
-# Built on every enqueue, so not frozen (a frozen dataclass sets each field through
-# object.__setattr__, several times dearer): treat it as a value all the same.
-@dataclass(slots=True, eq=False)
-class Plan:
-    """What one enqueue stores, decided before anything is sent.
-
-    :ivar app: the application the jobs belong to
-    :ivar queue: the queue they go to
-    :ivar spec: what every job shares: the task's options and the call's trace id
-    :ivar jobs: (short id, encoded arguments) of each job
-    :ivar durable: wait until replicas have the jobs (``WAIT``) before returning
-    :ivar register: make sure the namespace's index of queues holds the queue (not for a
-        periodic tick's claim: the scheduler that makes it serves the queue)
-    :ivar single: one job, to a queue this process has registered, not durable: the
-        transport's one-job path, a plain ``MULTI`` when the spec allows, else the script
-    :ivar claim: a periodic tick's claim: the jobs are stored only by its first claimer
-    :ivar task: the task whose enqueue hooks run around the send (None: jobs encoded by
-        the caller, :meth:`Conveyor.store`)
-    :ivar arguments: each job's (args, kwargs), to encode them again when hooks give meta
-    """
-
-    app: Conveyor
-    queue: str
-    spec: calls.JobSpec
-    jobs: list[tuple[str, bytes]]
-    durable: bool = False
-    register: bool = True
-    single: bool = False
-    claim: calls.Claim | None = None
-    task: Task[Any, Any] | None = None
-    arguments: Sequence[Arguments] = ()
-    _chunks: list[ScriptCall[Stored]] | None = field(default=None, init=False, repr=False)
-
-    @property
-    def job_ids(self) -> list[str]:
-        """The public ids the jobs have once stored."""
-        return [keyspace.job_id(self.queue, short_id) for short_id, _ in self.jobs]
-
-    def chunks(self) -> list[ScriptCall[Stored]]:
-        """The enqueue script calls that store the jobs, made once: a call sent again is
-        the same request, so Redis answers it from its kept reply instead of storing twice
-        (see :mod:`conveyor.scripts.resend`). The one-job path seldom needs them."""
-        if self._chunks is None:
-            k, jobs, limits = self.app.keys(self.queue), self.jobs, self.app.limits
-            self._chunks = [calls.enqueue(k, self.spec, jobs[i:i + ENQUEUE_CHUNK], limits,
-                                          claim=self.claim)
-                            for i in range(0, len(jobs), ENQUEUE_CHUNK)]
-        return self._chunks
-
-    def first_chunk(self) -> ScriptCall[Stored]:
-        return self.chunks()[0]
-
-
-def plan(task: Task[Any, Any], arguments: Sequence[Arguments], *,
-         meta: dict[str, str] | None = None, ids: Sequence[str] | None = None,
-         claim: calls.Claim | None = None) -> Plan:
-    """The plan that stores one job of ``task`` per (args, kwargs) of ``arguments`` (no
-    I/O): the arguments are encoded now, so one that cannot be fails here.
-
-    :param meta: what the enqueue hooks gave (its trace id goes onto the spec)
-    :param ids: the jobs' short ids (default: new ones)
-    :param claim: a periodic tick's claim
-    :raises SerializationError: an argument cannot be encoded (nothing is written)
-    :raises PayloadTooLarge: the encoded arguments are over the limit
-    """
-    app, queue, options = task.app, task.queue, task.job_options
-    spec = job_spec(task)
-    trace_id = take_trace_id(meta)  # before encoding: the trace id is no payload entry
-    if trace_id:
-        spec = spec._replace(trace=trace_id)
-    if ids is None:
-        ids = [new_short_id()] if len(arguments) == 1 else new_short_ids(len(arguments))
-    encode, name = app.codec.encode_args, task.name
-    jobs = [(short_id, encode(name, args, kwargs, meta))
-            for short_id, (args, kwargs) in zip(ids, arguments, strict=True)]
-    if options.key is not None and len(jobs) > 1:
-        raise ConfigurationError("a dedupe key names one job: use it with enqueue, not"
-                                 " enqueue_many")
-    register = claim is None
-    single = (len(jobs) == 1 and register and not options.durable
-              and queue in app._registered_queues)
-    return Plan(app, queue, spec, jobs, options.durable, register, single, claim, task,
-                arguments)
-
-
-def encoded(app: Conveyor, queue: str, spec: calls.JobSpec,
-            jobs: Sequence[tuple[str, bytes]], durable: bool = False) -> Plan:
-    """The plan of jobs the caller encoded itself (no task: no hooks run)."""
-    single = len(jobs) == 1 and not durable and queue in app._registered_queues
-    return Plan(app, queue, spec, list(jobs), durable, True, single)
-
-
-def _jobs(p: Plan, stored: Stored) -> list[Job[Any]]:
-    return [Job._of(p.app, p.queue, short_id) for short_id, _ in stored]
-
-
-def enqueue(task: Task[Any, Any], arguments: Sequence[Arguments],
-            claim: calls.Claim | None = None) -> list[Job[Any]]:
-    """Store one job of ``task`` per (args, kwargs): hooks, plan, send."""
-    app = task.app
-    with _hooks(app, task, len(arguments), claim) as meta:
-        p = plan(task, arguments, meta=meta, claim=claim)
-        return _jobs(p, app._sender.send(p))
-
-
-async def aenqueue(task: Task[Any, Any], arguments: Sequence[Arguments],
-                   claim: calls.Claim | None = None) -> list[Job[Any]]:
-    """Async twin of :func:`enqueue`."""
-    app = task.app
-    with _hooks(app, task, len(arguments), claim) as meta:
-        p = plan(task, arguments, meta=meta, claim=claim)
-        return _jobs(p, await app._sender.asend(p))
-
-
-def store(p: Plan) -> list[Job[Any]]:
-    """Send a plan made earlier by :func:`plan` (the Django backend stores its jobs when
-    the transaction commits). The hooks run now, around the send; when they give meta, the
-    jobs are encoded again with it, under the same ids."""
-    task = p.task
-    if task is None:
-        return _jobs(p, p.app._sender.send(p))
-    with _hooks(p.app, task, len(p.jobs), p.claim) as meta:
-        if meta is not None:
-            p = plan(task, p.arguments, meta=meta, ids=[s for s, _ in p.jobs], claim=p.claim)
-        return _jobs(p, p.app._sender.send(p))
-
-
-def _hooks(app: Conveyor, task: Task[Any, Any], count: int, claim: calls.Claim | None
-           ) -> AbstractContextManager[dict[str, str] | None]:
-    return _UNHOOKED if claim is not None else enqueueing(app, task, count)
-
-
-def store_workflow(app: Conveyor, wf: Workflow) -> WorkflowHandle:
-    """Store a workflow: hooks once for each kind of job among its nodes, its plan, one
-    send of the calls of every queue; a failure after some queues were stored cancels
-    those (see :func:`conveyor.workflow.store.partly_stored`)."""
-    from .workflow import WorkflowHandle
-    from .workflow.store import partly_stored
-    from .workflow.store import plan as plan_workflow
-
-    with enqueueing_kinds(app, [node.task for node in wf.nodes]) as meta_of:
-        p = plan_workflow(app, wf, meta_of)
-        sent = app._sender.send_together([(queue, call) for queue, call, _ in p.calls])
-        if sent.error is not None:
-            raise partly_stored(app, p, sent.queues, sent.error)
-    return WorkflowHandle(app, p.id)
-
-
-async def astore_workflow(app: Conveyor, wf: Workflow) -> WorkflowHandle:
-    """Async twin of :func:`store_workflow`."""
-    from .workflow import WorkflowHandle
-    from .workflow.store import partly_stored
-    from .workflow.store import plan as plan_workflow
-
-    with enqueueing_kinds(app, [node.task for node in wf.nodes]) as meta_of:
-        p = plan_workflow(app, wf, meta_of)
-        sent = await app._sender.asend_together([(queue, call) for queue, call, _ in p.calls])
-        if sent.error is not None:
-            raise partly_stored(app, p, sent.queues, sent.error)
-    return WorkflowHandle(app, p.id)
 
 
 class Sent(NamedTuple):
@@ -490,4 +267,3 @@ def _partial(app: Conveyor, queue: str, stored: Stored, error: BaseException) ->
         f" rest ({type(error).__name__}: {error}); .jobs lists the stored ones", jobs)
     raised.__cause__ = error
     return raised
-
