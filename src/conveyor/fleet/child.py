@@ -163,10 +163,10 @@ def main(options: ChildOptions, conn: Connection) -> None:
     reporter: Reporter | None = None
     try:
         app = import_app(options.app_spec)
+        # supervised: the supervisor replaces this process if a job gets stuck
         worker = app.worker(queues=list(options.queues) or None,
                             concurrency=options.concurrency, grace=options.grace,
-                            max_jobs=options.max_jobs)
-        worker.supervised = True  # the supervisor replaces this process if a job gets stuck
+                            max_jobs=options.max_jobs, supervised=True)
         reporter = Reporter(worker, conn)
         reporter.start()
         worker.run(burst=options.burst)

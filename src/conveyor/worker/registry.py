@@ -22,9 +22,9 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sized
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import keys as keyspace
 from ..clock import server_now
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import redis.asyncio
 
     from ..app import Conveyor
-    from . import Worker
+    from ..clock import ServerClock
 
 __all__ = ["HEARTBEAT_SECONDS", "WorkerInfo", "keep_registered", "live_workers", "serving",
            "stale_after"]
@@ -100,7 +100,28 @@ def _queues(raw: str) -> tuple[str, ...]:
     return tuple(q.strip() for q in raw.split(",") if q.strip())
 
 
-def describe(worker: Worker, started_at: float) -> dict[str, str]:
+class Registrant(Protocol):
+    """What the registry reads of a worker (its public state, never its parts)."""
+
+    @property
+    def app(self) -> Conveyor: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def queues(self) -> list[str]: ...
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def held(self) -> Sized: ...
+    @property
+    def processed(self) -> int: ...
+    @property
+    def stuck(self) -> int: ...
+    @property
+    def clock(self) -> ServerClock: ...
+
+
+def describe(worker: Registrant, started_at: float) -> dict[str, str]:
     """The registry fields of ``worker`` now (all strings, so changes compare simply)."""
     return {
         "host": socket.gethostname(),
@@ -138,7 +159,7 @@ async def _beat(client: redis.asyncio.Redis, namespace: str, worker_id: str,
             await pipe.execute()
 
 
-async def keep_registered(worker: Worker, interval: float = HEARTBEAT_SECONDS) -> None:
+async def keep_registered(worker: Registrant, interval: float = HEARTBEAT_SECONDS) -> None:
     """Keep ``worker`` in the registry until cancelled, then remove it.
 
     :param worker: the running worker (read only: queues, held jobs, processed count)

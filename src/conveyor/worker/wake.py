@@ -26,51 +26,82 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from redis.crc import key_slot
 
 from .. import clients
 from .backoff import REDIS_ERRORS, pause_after
+from .handoff import Waiting
 from .handoff import parse as parse_handoff
 
 if TYPE_CHECKING:
-    from . import Worker
+    from ..clock import ServerClock
+    from .consumer import Consumer
+    from .handback import HandBack
+    from .slots import Slots
 
 log = logging.getLogger("conveyor.worker")
 WAKE_BLOCK_SECONDS = 20.0  # longest BLPOP; after each quiet spell the queues are looked at
 SHUNNED_LOOK_SECONDS = 1.0  # a queue whose wake key is written over is looked at this often
 
 
-async def listen_for_wakeups(worker: Worker) -> None:
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """What the wake listener works with.
+
+    :param url: the Redis URL (the listener opens a client of its own)
+    :param queues: the queues whose wake keys it blocks on
+    :param keys: queue name -> its key names
+    :param runner: the async script runner (registrations as a waiter)
+    :param waiting: the worker's registrations as a waiter
+    :param slots: the running set (its free slots, and when one comes free)
+    :param consumer: told of what the listener learns; says when the worker stops
+    :param hand_back: hands back what was handed over beyond the free slots
+    :param clock: the server's clock as the worker reads it
+    """
+
+    url: str
+    queues: Sequence[str]
+    keys: Callable[[str], Any]
+    runner: Any
+    waiting: Waiting
+    slots: Slots
+    consumer: Consumer
+    hand_back: HandBack
+    clock: ServerClock
+
+
+async def listen_for_wakeups(parts: Listening) -> None:
     """Block on the queues' wake keys; a marker means "there may be work"."""
     # A client of its own: its socket timeout must outlast the longest block.
     client = clients.async_client(
-        worker.app.url, socket_timeout=WAKE_BLOCK_SECONDS + 5, socket_connect_timeout=5
+        parts.url, socket_timeout=WAKE_BLOCK_SECONDS + 5, socket_connect_timeout=5
     )
     try:
-        if clients.is_cluster(worker.app.url):
-            await asyncio.gather(*(_wait_for_markers(worker, client, queues)
-                                   for queues in _by_slot(worker)))
+        if clients.is_cluster(parts.url):
+            await asyncio.gather(*(_wait_for_markers(parts, client, queues)
+                                   for queues in _by_slot(parts)))
         else:
-            await _wait_for_markers(worker, client, worker.queues)
+            await _wait_for_markers(parts, client, parts.queues)
     finally:
         await client.aclose()
 
 
-def _by_slot(worker: Worker) -> list[list[str]]:
+def _by_slot(parts: Listening) -> list[list[str]]:
     """The worker's queues grouped by the cluster slot of their wake keys."""
     groups: dict[int, list[str]] = {}
-    for queue in worker.queues:
-        groups.setdefault(key_slot(worker.app.keys(queue).wake.encode()), []).append(queue)
+    for queue in parts.queues:
+        groups.setdefault(key_slot(parts.keys(queue).wake.encode()), []).append(queue)
     return list(groups.values())
 
 
-async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) -> None:
-    wake_keys = {worker.app.keys(q).wake: q for q in queues}
-    handoffs = worker.waiting.lists(queues)
-    runner = worker.app.ascripts()
+async def _wait_for_markers(parts: Listening, client: Any, queues: Sequence[str]) -> None:
+    wake_keys = {parts.keys(q).wake: q for q in queues}
+    handoffs = parts.waiting.lists(queues)
+    runner = parts.runner
     failures = 0
     # Keys of these lists found holding another type (written over by hand): one such key
     # fails every BLPOP that names it, so it is left out, and its queue looked at now and
@@ -79,9 +110,9 @@ async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) 
     notes = _Notes()
     while True:
         try:
-            if worker.stopping:
+            if parts.consumer.stopping:
                 await asyncio.Event().wait()  # a stopping worker takes no more markers
-            await _offer_free_slots(worker, runner, queues)
+            await _offer_free_slots(parts, runner, queues)
             # Hand-off lists too when full: a job handed on an offer that went stale is
             # handed back at once rather than wait for a free slot.
             reply = await _pop(client, [key for key in (*handoffs, *wake_keys)
@@ -93,19 +124,19 @@ async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) 
                     # in, and the next wait finds them again).
                     shunned &= (await _mistyped(client, dict.fromkeys(shunned, "list"))).keys()
                     for key in shunned & wake_keys.keys():
-                        worker.look_again(wake_keys[key])
-                refused = await look_for_work(worker, client, queues)
+                        parts.consumer.look_again(wake_keys[key])
+                refused = await look_for_work(parts, client, queues)
                 if refused:
-                    expected = _looked_at(worker, queues)
+                    expected = _looked_at(parts, queues)
                     notes.warn(await _mistyped(client, {k: expected[k] for k in refused}),
                                "read as nothing while looking for work")
             elif _text(reply[0]) in handoffs:
-                await _take_handed(worker, handoffs[_text(reply[0])], reply[1])
-            elif worker.stopping or worker.free_slots() <= 0:
+                await _take_handed(parts, handoffs[_text(reply[0])], reply[1])
+            elif parts.consumer.stopping or parts.slots.free() <= 0:
                 await _pass_on(client, reply[0])
-                await _wait_for_a_free_slot(worker)
+                await _wait_for_a_free_slot(parts)
             else:
-                worker.wake_all()
+                parts.consumer.wake_all()
             failures = 0
         except REDIS_ERRORS as exc:
             if str(exc).startswith("WRONGTYPE"):  # name the key: Redis's error does not
@@ -115,27 +146,27 @@ async def _wait_for_markers(worker: Worker, client: Any, queues: Sequence[str]) 
                     shunned |= wrong.keys()
                     notes.warn(wrong, "left out of the wait for wake-ups: its queue is looked"
                                       f" at every {SHUNNED_LOOK_SECONDS:g} s until it is a list")
-                    worker.wake_all()
+                    parts.consumer.wake_all()
                     continue
             failures += 1
             pause = pause_after(failures)
             log.log(logging.WARNING if failures > 3 else logging.DEBUG,
                     "wake listener: %s: %s; retrying in %.2f s", type(exc).__name__, exc, pause)
             await asyncio.sleep(pause)
-            worker.wake_all()  # markers may have been missed meanwhile
+            parts.consumer.wake_all()  # markers may have been missed meanwhile
 
 
-async def _offer_free_slots(worker: Worker, runner: Any, queues: Sequence[str]) -> None:
+async def _offer_free_slots(parts: Listening, runner: Any, queues: Sequence[str]) -> None:
     """Register as a waiter of ``queues`` with the worker's free slots, if any, once its
     own fetches are done (an offer made during one would count slots it is filling)."""
-    if worker.free_slots() <= 0:
+    if parts.slots.free() <= 0:
         return
-    await worker.idle.wait()
-    slots = worker.free_slots()
-    if slots > 0 and not worker.stopping:
-        now = await worker.waiting.register(runner, queues, slots)
+    await parts.consumer.idle.wait()
+    slots = parts.slots.free()
+    if slots > 0 and not parts.consumer.stopping:
+        now = await parts.waiting.register(runner, queues, slots)
         if now is not None:
-            worker.clock.observe(now)
+            parts.clock.observe(now)
 
 
 async def _pop(client: Any, keys: list[str], block: float) -> Any:
@@ -146,15 +177,15 @@ async def _pop(client: Any, keys: list[str], block: float) -> Any:
     return None
 
 
-async def _take_handed(worker: Worker, queue: str, entry: bytes) -> None:
+async def _take_handed(parts: Listening, queue: str, entry: bytes) -> None:
     """Start the jobs an enqueue handed over; hand back those beyond the free slots."""
-    worker.waiting.offered(queue, 0)  # the enqueue used the registration
+    parts.waiting.offered(queue, 0)  # the enqueue used the registration
     handed = parse_handoff(entry)
     if handed is None:
         return
-    extra = worker.take_handed(queue, handed)
+    extra = parts.consumer.take_handed(queue, handed)
     if extra:
-        await worker.hand_back(queue, [(job.short_id, job.token) for job in extra])
+        await parts.hand_back(queue, [(job.short_id, job.token) for job in extra])
 
 
 def _text(value: Any) -> str:
@@ -168,31 +199,31 @@ async def _pass_on(client: Any, wake_key: Any) -> None:
         await pipe.execute()
 
 
-async def _wait_for_a_free_slot(worker: Worker) -> None:
+async def _wait_for_a_free_slot(parts: Listening) -> None:
     # Before a slot is free this worker would take its own marker back, again and again.
-    while worker.free_slots() <= 0 and not worker.stopping:
-        worker.slot_freed.clear()
-        await worker.slot_freed.wait()
+    while parts.slots.free() <= 0 and not parts.consumer.stopping:
+        parts.slots.freed.clear()
+        await parts.slots.freed.wait()
 
 
-async def leave_markers(worker: Worker) -> None:
+async def leave_markers(client: Any, keys: Callable[[str], Any], queues: Sequence[str]
+                        ) -> None:
     """On the way out: one marker per queue, for the marker this worker may have taken as
     it stopped (best effort; the other workers' own checks are the backstop)."""
-    client = worker.app.aredis()
     with contextlib.suppress(*REDIS_ERRORS):
         async with asyncio.timeout(2.0):
-            for queue in worker.queues:
-                await _pass_on(client, worker.app.keys(queue).wake)
+            for queue in queues:
+                await _pass_on(client, keys(queue).wake)
 
 
-async def look_for_work(worker: Worker, client: Any, queues: Sequence[str]) -> list[str]:
+async def look_for_work(parts: Listening, client: Any, queues: Sequence[str]) -> list[str]:
     """After a quiet spell, read each queue's ready backlog, earliest delayed job and
     earliest lease deadline (three commands per queue, pipelined). A wake-up can be lost —
     its worker died or left before acting — and a worker that dies holding jobs wakes
     nobody: without this, such work would wait for an unrelated enqueue. A key of the wrong
     type (written over by hand) tells nothing, and the other keys are read all the same:
     returns those keys. Any other refusal raises."""
-    looked = list(_looked_at(worker, queues))  # per queue: counts, delayed, leases
+    looked = list(_looked_at(parts, queues))  # per queue: counts, delayed, leases
     async with client.pipeline(transaction=False) as pipe:
         for i in range(0, len(looked), 3):
             pipe.hget(looked[i], "ready")
@@ -207,18 +238,18 @@ async def look_for_work(worker: Worker, client: Any, queues: Sequence[str]) -> l
     for i, queue in enumerate(queues):
         ready, delayed, leases = replies[3 * i: 3 * i + 3]
         if not isinstance(ready, Exception) and _number(ready) > 0:
-            worker.look_again(queue)
+            parts.consumer.look_again(queue)
         for first in (delayed, leases):
             if first and not isinstance(first, Exception):
-                worker.due_at(queue, float(first[0][1]))
+                parts.consumer.due_at(queue, float(first[0][1]))
     return refused
 
 
-def _looked_at(worker: Worker, queues: Sequence[str]) -> dict[str, str]:
+def _looked_at(parts: Listening, queues: Sequence[str]) -> dict[str, str]:
     """The keys :func:`look_for_work` reads, with their types, in its order."""
     out = {}
     for queue in queues:
-        k = worker.app.keys(queue)
+        k = parts.keys(queue)
         out.update({k.counts: "hash", k.delayed: "zset", k.leases: "zset"})
     return out
 
