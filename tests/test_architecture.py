@@ -12,6 +12,11 @@
   autoscaler decides on), never the ``Monitor`` itself; what the fleet publishes for the
   monitor (``conveyor.fleet.published``) imports nothing of it, so the two packages meet
   without a cycle. A worker imports neither the monitor nor the fleet.
+* Inside a worker, the parts get small objects, never the :class:`~conveyor.worker.Worker`:
+  no module of ``conveyor.worker`` but the package itself imports it. The running set
+  (``worker.slots``) is told nothing of who fills or empties it (the consumer, the wake
+  listener, the outbox, the lease keeper, the shutdown), and the outbox only records
+  outcomes: alerts and hooks hear of dead jobs through ``worker.dead``.
 * One module asks Redis for its clock (``conveyor.clock``) and one Lua helper
   (``scripts/include/clock.lua``): every other module and script gets the server's time
   from them, so "now" means the same thing everywhere.
@@ -50,7 +55,12 @@ FORBIDDEN: list[tuple[str, str, tuple[str, ...]]] = [
     ("conveyor.monitor", "conveyor.scripts", ()),
     ("conveyor.monitor", "conveyor.cli", ()),
     ("conveyor.monitor", "conveyor.web", ()),
+    *[("conveyor.worker.slots", f"conveyor.worker.{part}", ())
+      for part in ("consumer", "wake", "outbox", "leases", "shutdown", "handback")],
+    ("conveyor.worker.outbox", "conveyor.alerts", ()),
+    ("conveyor.worker.outbox", "conveyor.hooks", ()),
 ]
+WORKER = "conveyor.worker"
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,46 @@ def layering_violations(modules: list[Module]) -> list[str]:
     return sorted(set(found))
 
 
+def worker_imports(modules: list[Module]) -> list[str]:
+    """Places where a module of the worker package (not the package itself) imports the
+    package, or its ``Worker``: a part that needs the whole worker."""
+    found = []
+    for module in modules:
+        if not module.name.startswith(WORKER + "."):
+            continue
+        for line, target, path_only in imported(module):
+            if target == f"{WORKER}.Worker" or (target == WORKER and not path_only):
+                found.append(f"{module.path}:{line} imports {target}")
+    return sorted(set(found))
+
+
+def test_worker_parts_never_import_the_worker() -> None:
+    modules = package_modules()
+    assert {"conveyor.worker.slots", "conveyor.worker.consumer", "conveyor.worker.shutdown",
+            "conveyor.worker.wake", "conveyor.worker.dead"} <= {m.name for m in modules}
+    assert worker_imports(modules) == []
+
+
+def test_the_worker_check_catches_a_part_that_takes_the_worker() -> None:
+    caught = [
+        ("conveyor.worker.wake", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                 "    from . import Worker\n"),
+        ("conveyor.worker.registry", "from conveyor.worker import Worker"),
+        ("conveyor.worker.consumer", "import conveyor.worker"),
+        ("conveyor.worker.leases", "def f():\n    from .. import worker\n"),
+    ]
+    for name, source in caught:
+        assert worker_imports([parse(name, source)]), source
+    fine = [
+        ("conveyor.worker.consumer", "from .slots import Slots"),
+        ("conveyor.worker.wake", "from . import handoff"),
+        ("conveyor.worker", "from .consumer import Consumer"),
+        ("conveyor.fleet.child", "from ..worker import Worker"),
+    ]
+    for name, source in fine:
+        assert worker_imports([parse(name, source, is_package=name == WORKER)]) == [], source
+
+
 def test_worker_fleet_and_monitor_import_one_way() -> None:
     modules = package_modules()
     names = {m.name for m in modules}
@@ -155,6 +205,10 @@ def test_the_layering_check_catches_each_kind_of_import() -> None:
         ("conveyor.fleet.autoscale", False, "from ..monitor import Monitor"),
         ("conveyor.fleet.autoscale", False, "from .. import monitor"),
         ("conveyor.fleet.published", False, "from ..monitor.stats import merge"),
+        ("conveyor.worker.slots", False, "from .consumer import Consumer"),
+        ("conveyor.worker.slots", False, "from . import wake"),
+        ("conveyor.worker.outbox", False, "from ..alerts import alerter_for"),
+        ("conveyor.worker.outbox", False, "from ..hooks import Hook"),
     ]
     for name, is_package, source in cases:
         assert layering_violations([parse(name, source, is_package=is_package)]), source
@@ -172,6 +226,9 @@ def test_the_layering_check_catches_each_kind_of_import() -> None:
         ("conveyor.fleet.autoscale", False, "from ..monitor.stats import merge"),
         ("conveyor.fleet.autoscale", False, "from ..monitor.histogram import Histogram"),
         ("conveyor.fleet.child", False, "from ..worker.registry import SUPERVISOR_ENV"),
+        ("conveyor.worker.slots", False, "from .executor import Executor, Held"),
+        ("conveyor.worker.consumer", False, "from .slots import Slots"),
+        ("conveyor.worker.dead", False, "from ..hooks import Hook"),
     ]
     for name, is_package, source in allowed:
         assert layering_violations([parse(name, source, is_package=is_package)]) == [], source
