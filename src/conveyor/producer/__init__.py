@@ -164,11 +164,14 @@ def plan(task: Task[Any, Any], arguments: Sequence[Arguments], *,
     trace_id = take_trace_id(meta)  # before encoding: the trace id is no payload entry
     if trace_id:
         spec = spec._replace(trace=trace_id)
-    if ids is None:
-        ids = [new_short_id()] if len(arguments) == 1 else new_short_ids(len(arguments))
     encode, name = app.codec.encode_args, task.name
-    jobs = [(short_id, encode(name, args, kwargs, meta))
-            for short_id, (args, kwargs) in zip(ids, arguments, strict=True)]
+    if len(arguments) == 1:  # the common case, on the hot path: no loop
+        args, kwargs = arguments[0]
+        jobs = [(new_short_id() if ids is None else ids[0], encode(name, args, kwargs, meta))]
+    else:
+        ids = new_short_ids(len(arguments)) if ids is None else ids
+        jobs = [(short_id, encode(name, args, kwargs, meta))
+                for short_id, (args, kwargs) in zip(ids, arguments, strict=True)]
     if options.key is not None and len(jobs) > 1:
         raise ConfigurationError("a dedupe key names one job: use it with enqueue, not"
                                  " enqueue_many")
