@@ -166,7 +166,8 @@ def test_an_idle_worker_wakes_on_each_queue_and_stays_quiet(
     tasks = [capp.task(name=f"stamp.{q}", queue=q)(lambda q=q: started.setdefault(
         q, time.monotonic())) for q in queues]
     with running_worker(capp, queues=queues, concurrency=4) as worker:
-        assert len(wake._by_slot(worker)) == len(queues)  # one blocking call per slot
+        # one blocking call per slot
+        assert len(wake._by_slot(worker.queues, capp.keys)) == len(queues)
         time.sleep(1.0)  # let it go idle: every listener blocked, nothing due
         before = cluster.commands_processed()
         time.sleep(4.0)

@@ -83,18 +83,18 @@ async def listen_for_wakeups(parts: Listening) -> None:
     try:
         if clients.is_cluster(parts.url):
             await asyncio.gather(*(_wait_for_markers(parts, client, queues)
-                                   for queues in _by_slot(parts)))
+                                   for queues in _by_slot(parts.queues, parts.keys)))
         else:
             await _wait_for_markers(parts, client, parts.queues)
     finally:
         await client.aclose()
 
 
-def _by_slot(parts: Listening) -> list[list[str]]:
-    """The worker's queues grouped by the cluster slot of their wake keys."""
+def _by_slot(queues: Sequence[str], keys: Callable[[str], Any]) -> list[list[str]]:
+    """``queues`` grouped by the cluster slot of their wake keys."""
     groups: dict[int, list[str]] = {}
-    for queue in parts.queues:
-        groups.setdefault(key_slot(parts.keys(queue).wake.encode()), []).append(queue)
+    for queue in queues:
+        groups.setdefault(key_slot(keys(queue).wake.encode()), []).append(queue)
     return list(groups.values())
 
 
