@@ -231,3 +231,32 @@ def test_a_step_whose_record_was_refused_for_a_moment_is_recorded_without_a_retr
     assert job.result(timeout=5) == 9
     assert charged == [9]
     assert job.info().attempts == 1
+
+
+def test_a_workflow_that_never_hears_back_is_cancelled_and_says_so(
+    app: conveyor.Conveyor, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its store was sent again and again, never answered: whether it ran is unknown, so
+    its nodes are cancelled by their planned ids (a cancel of a node that is not there
+    changes nothing), and no node of it ever runs; a new workflow can take its place."""
+    import conveyor.producer.send as send_module
+
+    monkeypatch.setattr(send_module, "RESOLVE_SECONDS", 0.5)
+
+    @app.task(queue="wfnever")
+    def step(i: int) -> int:
+        return i
+
+    wf = app.workflow()
+    first = wf.add(step, 1, name="first")
+    wf.add(step, 2, name="second", after=[first])
+    with LoseReplies(script("workflow_enqueue"), times=1000), \
+            pytest.raises(conveyor.PartialEnqueue) as caught:
+        wf.enqueue()
+    assert caught.value.unconfirmed == []  # the cancels went through: nothing in doubt
+    assert testing.drain(app, queues=["wfnever"]) == []
+    for node in wf.nodes:
+        try:
+            assert app.job(node.id).info().state == conveyor.JobState.CANCELLED
+        except conveyor.JobNotFound:
+            pass  # never stored

@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from ..clock import server_now
-from ..errors import PartialEnqueue
+from ..errors import JobNotFound, PartialEnqueue
 from ..job import Job
 from .profiles import Profile
 from .tasks import QUEUE, ChaosTasks
@@ -132,10 +132,11 @@ class Producer:
             try:
                 jobs = call(left)
             except PartialEnqueue as partial:
-                stored = list(partial.jobs)
+                found, known = self._stored_after_all(partial.unconfirmed)
+                stored = list(partial.jobs) + found
                 kept += [(label, job) for (label, _), job in zip(left, stored, strict=False)]
                 left = left[len(stored):]
-                if not left:
+                if not left or not known:  # unknown ones: given up (checked as strays)
                     break
                 continue
             except ERRORS:
@@ -149,6 +150,21 @@ class Producer:
         if left:
             self.failed_calls += 1  # given up: its jobs may or may not be stored
         return kept
+
+    def _stored_after_all(self, unconfirmed: list[Job]) -> tuple[list[Job], bool]:
+        """The leading jobs of ``unconfirmed`` (an enqueue sent, never answered) that turn
+        out stored (each chunk is all or none, so their records tell), and whether the rest
+        are known not to be (False: Redis could not be asked)."""
+        found: list[Job] = []
+        for job in unconfirmed:
+            try:
+                job.info()
+            except JobNotFound:
+                return found, True
+            except ERRORS:
+                return found, False
+            found.append(job)
+        return found, True
 
     def _workflow(self, items: list[tuple[str, float]], work: Any, tasks: ChaosTasks
                   ) -> None:

@@ -241,7 +241,7 @@ def store_workflow(app: Conveyor, wf: Workflow) -> WorkflowHandle:
         p = plan_workflow(app, wf, meta_of)
         sent = app._sender.send_together([(queue, call) for queue, call, _ in p.calls])
         if sent.error is not None:
-            raise partly_stored(app, p, sent.queues, sent.error)
+            raise partly_stored(app, p, sent.queues, sent.error, sent.unsure)
     return WorkflowHandle(app, p.id)
 
 
@@ -255,5 +255,5 @@ async def astore_workflow(app: Conveyor, wf: Workflow) -> WorkflowHandle:
         p = plan_workflow(app, wf, meta_of)
         sent = await app._sender.asend_together([(queue, call) for queue, call, _ in p.calls])
         if sent.error is not None:
-            raise partly_stored(app, p, sent.queues, sent.error)
+            raise partly_stored(app, p, sent.queues, sent.error, sent.unsure)
     return WorkflowHandle(app, p.id)

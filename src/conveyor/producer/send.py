@@ -36,11 +36,13 @@ Stored = list[tuple[str, bool]]  # (short id, created) of each job, as the scrip
 
 
 class Sent(NamedTuple):
-    """What :meth:`Sender.send_together` stored: the queues whose call succeeded, and the
-    error of the first that failed (None when none did)."""
+    """What :meth:`Sender.send_together` stored: the queues whose call succeeded, the
+    error of the first that failed (None when none did), and the queues whose call was
+    sent but never answered, however often it was sent again (stored or not)."""
 
     queues: list[str]
     error: BaseException | None
+    unsure: list[str] = []
 
 
 class Sender(Protocol):
@@ -180,8 +182,11 @@ class RedisSender:
         app, queues = self.app, [queue for queue, _ in queued]
         if app.scripts.pipelined:
             register = ("SADD", keyspace.queues_key(app.namespace), *queues)
-            replies: list[Any] = app.scripts.send_all([call for _, call in queued],
-                                                      before=[register])
+            try:  # the same requests until answered: each queue's nodes stored once
+                replies: list[Any] = resend(lambda: app.scripts.send_all(
+                    [call for _, call in queued], before=[register]), RESOLVE_SECONDS)
+            except plain.BROKEN as exc:
+                return Sent([], exc, queues)
             errors = [r for r in replies if isinstance(r, Exception)]
             stored = [queue for (queue, _), reply in zip(queued, replies[1:], strict=True)
                       if not isinstance(reply, Exception)]
@@ -194,9 +199,11 @@ class RedisSender:
             app.redis.sadd(keyspace.queues_key(app.namespace), *new)
             app._registered_queues.update(new)
         done: list[str] = []
-        for queue, call in queued:
+        for i, (queue, call) in enumerate(queued):
             try:
-                app.scripts.run(call)
+                resend(partial(app.scripts.run, call), RESOLVE_SECONDS)
+            except plain.BROKEN as exc:
+                return Sent(done, exc, [q for q, _ in queued[i:]])
             except Exception as exc:
                 return Sent(done, exc)
             done.append(queue)
@@ -209,9 +216,11 @@ class RedisSender:
                                 *[queue for queue, _ in queued])
         runner = app.ascripts()
         done: list[str] = []
-        for queue, call in queued:
+        for i, (queue, call) in enumerate(queued):
             try:
-                await runner.run(call)
+                await aresend(partial(runner.run, call), RESOLVE_SECONDS)
+            except plain.BROKEN as exc:
+                return Sent(done, exc, [q for q, _ in queued[i:]])
             except Exception as exc:
                 return Sent(done, exc)
             done.append(queue)

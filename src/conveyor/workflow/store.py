@@ -15,7 +15,7 @@ settled as it is stored (see ``workflow_enqueue.lua``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -91,24 +91,32 @@ def plan(app: Conveyor, wf: Workflow,
     return Plan(wf_id, planned)
 
 
-def partly_stored(app: Conveyor, p: Plan, stored: list[str], error: BaseException
-                  ) -> BaseException:
-    """Nothing stored: the error itself. Else cancel what was stored (as far as Redis lets
-    us) and say what was stored."""
-    if not stored:
+def partly_stored(app: Conveyor, p: Plan, stored: list[str], error: BaseException,
+                  unsure: Sequence[str] = ()) -> BaseException:
+    """Nothing stored (and nothing in doubt): the error itself. Else cancel what was
+    stored, and what may have been (``unsure``: sent, never answered; a cancel of a node
+    that is not there changes nothing), as far as Redis lets us, and say what was stored
+    and what is still in doubt."""
+    if not stored and not unsure:
         return error
     jobs = [Job._of(app, q, short) for q, _, shorts in p.calls if q in stored for short in shorts]
+    doubtful = [Job._of(app, q, short) for q, _, shorts in p.calls if q in unsure
+                for short in shorts]
     try:
         for queue, _, shorts in p.calls:
-            if queue in stored:  # by the ids planned: the home record may be what failed
+            if queue in stored or queue in unsure:  # by the ids planned
                 k = app.keys(queue)
                 run_all(app, [calls.cancel(k, short, app.limits) for short in shorts])
         what = "the stored nodes were cancelled"
+        doubtful_left: list[Job[Any]] = []
     except Exception as exc:  # Redis is failing: say so, the caller decides
         log.warning("could not cancel the partly stored workflow %s: %s", p.id, exc)
         what = f"cancelling it failed too ({type(exc).__name__}: {exc})"
+        doubtful_left = doubtful
     partial = PartialEnqueue(
-        f"workflow {p.id}: the nodes of queue(s) {', '.join(stored)} were stored before Redis"
-        f" failed ({type(error).__name__}: {error}); {what}; .jobs lists the stored nodes", jobs)
+        f"workflow {p.id}: the nodes of queue(s) {', '.join(stored) or 'none'} were stored"
+        f" and those of {', '.join(unsure) or 'none'} may have been before Redis failed"
+        f" ({type(error).__name__}: {error}); {what}; .jobs lists the stored nodes,"
+        " .unconfirmed those that may be stored", jobs, doubtful_left)
     partial.__cause__ = error
     return partial
