@@ -68,6 +68,9 @@ def test_a_job_handed_over_and_never_taken_comes_back_without_using_an_attempt(
     record = _record(app, "once")
     assert record["s"] == "active" and "error" not in record
     assert int(app.redis.hget(k.counts, "running") or 0) == 1
+    # The entry left the list with its refund: a worker that was only slow (its pop held
+    # up on the way) cannot pop it later and run the job a second time, unleased.
+    assert app.redis.llen(k.handoff("gone")) == 0
 
 
 def test_a_job_taken_off_its_hand_off_list_uses_its_attempt_when_its_lease_ends(

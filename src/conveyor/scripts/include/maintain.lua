@@ -95,6 +95,9 @@ end
 -- (include/handoff.lua) that never took it: the entry carrying its token is still on that
 -- worker's hand-off list (the worker died or stopped before its pop). Such a lease used no
 -- attempt. The list is named as keys.py names it, from the queue's hash tag.
+-- The entry leaves the list: a worker that was only slow (its pop held up on the way) must
+-- not pop it later and run the job under a lease the refund ended. Other jobs of that
+-- entry, reclaimed later, are then charged as leases that were taken.
 local function never_taken(k, key)
   local f = redis.call('HMGET', key, 'handed', 'token')
   local worker, token = f[1], f[2]
@@ -104,7 +107,10 @@ local function never_taken(k, key)
   if entries.err then return false end
   local framed = #token .. ':' .. token
   for _, entry in ipairs(entries) do
-    if string.find(entry, framed, 1, true) then return true end
+    if string.find(entry, framed, 1, true) then
+      redis.call('LREM', list, 1, entry)
+      return true
+    end
   end
   return false
 end
