@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
-from conveyor.fleet.autoscale import Autoscaler, Signals, p95_from_bins
+from conveyor.fleet.autoscale import Autoscaler, Signals
 
 
 def busy(ready: int, rate: float, p95: float | None = None, age: float = 0.0,
@@ -103,10 +101,3 @@ def test_bounds_are_checked() -> None:
         Autoscaler(0, 2)
 
 
-def test_p95_from_log_bins() -> None:
-    # 100 observations: 95 near 1 ms (bin of 1000 us) and 5 near 1 s.
-    fast = int(math.log(1000) / math.log(1.1)) + 1
-    slow = int(math.log(1_000_000) / math.log(1.1)) + 1
-    p95 = p95_from_bins({fast: 95, slow: 5})
-    assert p95 is not None and 0.0009 < p95 < 0.0011
-    assert p95_from_bins({}) is None

@@ -161,15 +161,6 @@ class Autoscaler:
 P95_WINDOW = 20.0  # seconds of recently started jobs the observed p95 wait covers
 
 
-def p95_from_bins(bins: dict[int, int]) -> float | None:
-    """p95 (seconds) of a log histogram of ``bin -> count`` as laid out by metrics.lua,
-    by the monitor's one percentile rule (:meth:`conveyor.monitor.histogram.Histogram.quantile`)."""
-    histogram = Histogram()
-    for index, n in bins.items():
-        histogram.add_bin(index, n)
-    return histogram.quantile(0.95)
-
-
 class SignalReader:
     """Reads the queues' signals from Redis for :class:`Autoscaler`.
 

@@ -7,14 +7,11 @@ the dashboard shows to the digit what ``conveyor stats`` and the exporter report
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..monitor import Series, Stats, Timing
 from ..monitor.series import PERCENTILES
 from ..monitor.stats import COUNTERS
-
-if TYPE_CHECKING:
-    pass
 
 
 def timing(value: Timing) -> dict[str, float | None]:
