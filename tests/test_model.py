@@ -15,7 +15,7 @@ one unfinished job enqueued with it (also one requeued from the dead letters), a
 unfinished jobs ever share a key.
 
 Workflows join in: small DAGs stored by ``workflow_enqueue``, their hand-overs drained
-(``conveyor.workflow.handover``) and repeated (a second drainer, a retried release); the
+(``conveyor.workflow.release``) and repeated (a second drainer, a retried release); the
 model says which nodes wait, are released or cancelled, and what the hand-over outbox
 holds.
 
@@ -52,7 +52,7 @@ from redis.exceptions import ResponseError
 import conveyor
 from conveyor.scripts import calls, plain
 from conveyor.sink import stream_events
-from conveyor.workflow.handover import drain_sync
+from conveyor.workflow.release import drain_sync
 from helpers import RedisServer
 from lost_reply import LoseReplies
 

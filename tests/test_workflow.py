@@ -12,7 +12,7 @@ import pytest
 import conveyor
 from conveyor.scripts import calls
 from conveyor.workflow import batch, parent_results
-from conveyor.workflow.handover import drain_sync
+from conveyor.workflow.release import drain_sync
 from helpers import running_worker, wait_until
 
 

@@ -16,7 +16,7 @@ from apps.ledger import OTHER_QUEUES, QUEUE, LedgerApp, build
 from apps.ledger_fleet import Fleet, kill_storm
 from conveyor.scripts import calls
 from conveyor.sink import stream_events
-from conveyor.workflow.handover import drain_sync
+from conveyor.workflow.release import drain_sync
 from helpers import RedisServer, running_worker, wait_until
 from injection import ERRORS, FaultPlan
 

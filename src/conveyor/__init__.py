@@ -28,8 +28,8 @@ from .errors import (
     SerializationError,
     Snooze,
 )
-from .flow import Queue, QueueLimits, TenantLimits
 from .job import Job, JobInfo, JobState
+from .limits import Queue, QueueLimits, TenantLimits
 from .monitor import Advice, Backlog, Monitor, Stats, TaskActivity, Timing
 from .task import JobOptions, Task
 from .worker import Worker

@@ -25,7 +25,7 @@ from .workflow import batch as _batch
 if TYPE_CHECKING:
     from .alerts import Webhook
     from .deadletters import DeadLetters
-    from .flow import Queue
+    from .limits import Queue
     from .monitor import Monitor
     from .schedule import Periodic
     from .testing import InlineRunner
@@ -240,7 +240,7 @@ class Conveyor:
 
     def queue(self, name: str) -> Queue:
         """A handle on queue ``name``: its flow-control limits and pause switch (no I/O)."""
-        from .flow import Queue
+        from .limits import Queue
 
         if not isinstance(name, str) or not name or keyspace.JOB_ID_SEPARATOR in name:
             raise ConfigurationError(f"queue name must be a non-empty string without"

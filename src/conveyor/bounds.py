@@ -4,7 +4,7 @@ Retention of finished records, the dead-letter cap, the events stream's length, 
 buckets and the snooze cap are the bounds that keep Redis memory flat. They are settings
 of the app that every script call carries, not part of a call, so they live apart from the
 call builders (:mod:`conveyor.scripts.calls`), which take them. (Flow-control limits of a
-queue, concurrency and rate, are another thing: :mod:`conveyor.flow`.)
+queue, concurrency and rate, are another thing: :mod:`conveyor.limits`.)
 """
 
 from __future__ import annotations

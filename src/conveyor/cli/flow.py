@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..app import Conveyor
 from ..errors import ConfigurationError
-from ..flow import UNSET
+from ..limits import UNSET
 from ..monitor.flow import FlowState
 from .base import app_options, main
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..clock import server_now
-from ..flow import QueueLimits, limits_from_hash
 from ..keys import QueueKeys
+from ..limits import QueueLimits, limits_from_hash
 
 PARKED_READ = 1000  # most parked tenants looked at for the held counts
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from ..alerts import alerter_for
 from ..clock import ServerClock
 from ..schedule import Scheduler
-from ..workflow.handover import HandOvers
+from ..workflow.release import HandOvers
 from .consumer import Consumer
 from .dead import DeadNotices
 from .executor import Executor, Held

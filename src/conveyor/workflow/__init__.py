@@ -8,7 +8,7 @@ completion job — enqueued in one call, each node started exactly once.
 >>> handle = wf.enqueue()
 >>> handle.result(timeout=60)["fetch"]
 
-See :mod:`conveyor.workflow.handover` for how a node's end reaches its children exactly
+See :mod:`conveyor.workflow.release` for how a node's end reaches its children exactly
 once across queues and Cluster slots, and why a killed worker cannot lose or repeat it.
 """
 
