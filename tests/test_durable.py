@@ -11,13 +11,19 @@ import conveyor
 from helpers import RedisServer, wait_until
 
 
-def test_a_durable_enqueue_returns_once_the_replica_has_the_job(
-        make_server: type[RedisServer]) -> None:
+def _primary_and_replica(make_server: type[RedisServer]) -> tuple[RedisServer, RedisServer]:
+    """A durable primary and a replica in sync with it."""
     primary = make_server(durable=True).start()
     replica = make_server(extra=["--replicaof", "127.0.0.1", str(primary.port)])
     replica.start()
     wait_until(lambda: replica.client().info("replication")["master_link_status"] == "up", 10,
                message="the replica in sync")
+    return primary, replica
+
+
+def test_a_durable_enqueue_returns_once_the_replica_has_the_job(
+        make_server: type[RedisServer]) -> None:
+    primary, replica = _primary_and_replica(make_server)
     app = conveyor.Conveyor(primary.url, namespace=f"d{uuid.uuid4().hex[:6]}",
                             durable_timeout=0.5)
     task = app.task(name="keep", queue="q")(lambda n: n)
@@ -43,11 +49,7 @@ def test_a_durable_enqueue_whose_reply_was_lost_stores_once_and_waits_for_the_re
         make_server: type[RedisServer]) -> None:
     from lost_reply import LoseReplies, script
 
-    primary = make_server(durable=True).start()
-    replica = make_server(extra=["--replicaof", "127.0.0.1", str(primary.port)])
-    replica.start()
-    wait_until(lambda: replica.client().info("replication")["master_link_status"] == "up", 10,
-               message="the replica in sync")
+    primary, replica = _primary_and_replica(make_server)
     app = conveyor.Conveyor(primary.url, namespace=f"d{uuid.uuid4().hex[:6]}",
                             durable_timeout=2.0)
     task = app.task(name="keep", queue="q")(lambda n: n)
