@@ -259,3 +259,29 @@ def test_a_workflow_that_never_hears_back_is_cancelled_and_says_so(
     for node in wf.nodes:
         with contextlib.suppress(conveyor.JobNotFound):  # else never stored
             assert app.job(node.id).info().state == conveyor.JobState.CANCELLED
+
+
+@pytest.mark.parametrize("path", ["plain", "script"])
+def test_a_single_enqueue_whose_every_send_lost_its_reply_returns_the_stored_job(
+    app: conveyor.Conveyor, path: str,
+) -> None:
+    """Both sends of a single enqueue broke after Redis ran the first: the job's record,
+    looked up once Redis answers, says it is stored, and the call returns it (raising
+    would make a careful caller enqueue it a second time)."""
+    @app.task(queue=f"one-{path}")
+    def noop(i: int) -> int:
+        return i
+
+    noop.enqueue(0)  # the queue is known and the clock read: the next goes the short way
+    noop.enqueue(0)
+    # Every send of the call loses its reply (a sent-again plain enqueue looks for the
+    # record first: those replies are lost too), then the connection heals.
+    if path == "plain":
+        with LoseReplies(b"MULTI", times=5) as lost, LoseReplies(b"EXISTS", times=5):
+            job = noop.enqueue(1)
+    else:  # a key takes the script path
+        with LoseReplies(script("enqueue"), times=5) as lost:
+            job = noop.options(key="k1").enqueue(1)
+    assert lost.lost >= 1
+    assert job.info().state == conveyor.JobState.READY
+    assert _ready_entries(app, f"one-{path}") == 3

@@ -79,8 +79,16 @@ class RedisSender:
     def send(self, plan: Plan) -> Stored:
         app = self.app
         if plan.single:
-            return app.scripts.enqueue_one(app.keys(plan.queue), plan.spec, app.limits,
-                                           plan.jobs[0], plan.first_chunk)
+            try:
+                return app.scripts.enqueue_one(app.keys(plan.queue), plan.spec, app.limits,
+                                               plan.jobs[0], plan.first_chunk)
+            except plain.BROKEN as exc:
+                key = app.keys(plan.queue).job(plan.jobs[0][0])
+                try:
+                    found = resend(partial(app.redis.exists, key), RESOLVE_SECONDS)
+                except plain.BROKEN:
+                    raise _unconfirmed(app, plan.queue, [], [plan.first_chunk()], exc) from exc
+                return _single_found(plan, found, exc)
         if not plan.register:  # a claim: its scheduler fires again after an error
             return app.scripts.run(plan.first_chunk())
         if not app.scripts.pipelined:  # a cluster: its pipelines refuse script calls
@@ -137,8 +145,16 @@ class RedisSender:
             return await asyncio.to_thread(self.send, plan)
         runner = app.ascripts()
         if plan.single:
-            return await runner.enqueue_one(app.keys(plan.queue), plan.spec, app.limits,
-                                            plan.jobs[0], plan.first_chunk)
+            try:
+                return await runner.enqueue_one(app.keys(plan.queue), plan.spec, app.limits,
+                                                plan.jobs[0], plan.first_chunk)
+            except plain.BROKEN as exc:
+                key = app.keys(plan.queue).job(plan.jobs[0][0])
+                try:
+                    found = await aresend(partial(app.aredis().exists, key), RESOLVE_SECONDS)
+                except plain.BROKEN:
+                    raise _unconfirmed(app, plan.queue, [], [plan.first_chunk()], exc) from exc
+                return _single_found(plan, found, exc)
         if not plan.register:  # a claim: its scheduler fires again after an error
             return await runner.run(plan.first_chunk())
         if runner.pipelined:
@@ -225,6 +241,14 @@ class RedisSender:
                 return Sent(done, exc)
             done.append(queue)
         return Sent(done, None)
+
+
+def _single_found(plan: Plan, found: Any, error: BaseException) -> Stored:
+    """A single enqueue whose every send broke before its reply: its record, looked up
+    once Redis answers, tells whether one of them ran (the job is stored) or none did."""
+    if found:
+        return [(plan.jobs[0][0], True)]
+    raise error
 
 
 def _registration(app: Conveyor, queue: str) -> tuple[str, str, str]:
