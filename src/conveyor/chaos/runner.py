@@ -33,6 +33,7 @@ from .tasks import QUEUE, QUEUES, ChaosTasks
 __all__ = ["ChaosRun"]
 
 POLL = 0.5  # seconds between two looks at the jobs' states (progress, settle)
+RETRY_GRACE = 15.0  # seconds a kind that found nothing to hit is tried again after the early round
 ERRORS = (redis.exceptions.RedisError, OSError)
 TOPOLOGY_NAMES = {"plain": "one server", "sentinel": "primary, replica, 3 sentinels"}
 PROXY_KINDS = ("proxy-blackhole", "proxy-reset", "lost-reply")
@@ -218,7 +219,8 @@ class ChaosRun:
     def _schedule(self, injector: Injector) -> None:
         """Fault episodes one after another: each kind once early (in a random order), then
         at random by weight, until the profile's time is up. A kind that found nothing to
-        hit (every worker restarting) is tried again, for at most twice the time."""
+        hit (every worker restarting) is tried again, for at most twice the time, and at
+        least :data:`RETRY_GRACE` seconds after the early round."""
         p, rng = self.profile, injector.rng
         kinds = injector.available(p.weights)
         untried = sorted(k for k in kinds if k != "limits")
@@ -227,10 +229,12 @@ class ChaosRun:
             untried.insert(0, "limits")
         retry: list[str] = []
         began = time.monotonic()
+        retry_until = 2 * p.fault_seconds  # pushed back if the early round itself runs late
         while not self.stop.is_set():
             elapsed = time.monotonic() - began
-            if elapsed >= p.fault_seconds and not untried and (
-                    not retry or elapsed >= 2 * p.fault_seconds):
+            if untried:
+                retry_until = max(retry_until, elapsed + RETRY_GRACE)
+            elif elapsed >= p.fault_seconds and (not retry or elapsed >= retry_until):
                 return
             self.stop.wait(rng.uniform(*p.gap))
             if untried or retry:
