@@ -6,8 +6,8 @@ EXPECTED = [
     "JobNotFound", "JobOptions", "JobState", "LeaseLost", "Limits", "Monitor", "Node",
     "NotReplicated", "PartialEnqueue", "PayloadTooLarge", "Queue", "QueueLimits",
     "ResultTimeout", "SerializationError", "Snooze", "Stats", "Task", "TaskActivity",
-    "TenantLimits", "Timing", "Worker", "Workflow", "WorkflowHandle", "WorkflowInfo",
-    "__version__", "chain", "current_job",
+    "TenantLimits", "Timing", "WaitTimeout", "Worker", "Workflow", "WorkflowHandle",
+    "WorkflowInfo", "__version__", "chain", "current_job",
 ]
 
 

@@ -27,6 +27,7 @@ from .errors import (
     ResultTimeout,
     SerializationError,
     Snooze,
+    WaitTimeout,
 )
 from .job import Job, JobInfo, JobState
 from .limits import Queue, QueueLimits, TenantLimits
@@ -71,6 +72,7 @@ __all__ = [
     "TaskActivity",
     "TenantLimits",
     "Timing",
+    "WaitTimeout",
     "Worker",
     "Workflow",
     "WorkflowHandle",

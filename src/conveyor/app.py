@@ -268,6 +268,11 @@ class Conveyor:
         """A handle on the job with this id (no Redis call is made)."""
         return Job(self, id)
 
+    def signal(self, job_id: str, name: str, payload: Any = None) -> bool:
+        """Send signal ``name`` to job ``job_id`` (see :meth:`Job.signal`); False when the
+        job has ended."""
+        return Job(self, job_id).signal(name, payload)
+
     def workflow(self) -> Workflow:
         """A new, empty :class:`~conveyor.Workflow` builder (no I/O until it is enqueued)."""
         return Workflow(self)

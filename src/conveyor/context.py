@@ -19,6 +19,7 @@ from . import keys as keyspace
 from .errors import LeaseLost
 from .scripts import calls
 from .scripts.resend import aresend, resend
+from .waits import DurableWaits
 
 if TYPE_CHECKING:
     from .app import Conveyor
@@ -57,8 +58,11 @@ class ProgressSink(Protocol):
     def report(self, held: Any, fraction: float, note: str) -> None: ...
 
 
-class JobContext:
+class JobContext(DurableWaits):
     """A running job, seen from inside its task. Get it with :func:`current_job`.
+
+    Durable waits (:meth:`sleep`, :meth:`wait_for`, :meth:`child`) come from
+    :class:`conveyor.waits.DurableWaits`.
 
     :ivar id: the public job id
     :ivar task: the task's name
@@ -79,17 +83,10 @@ class JobContext:
         self.max_attempts = leased.max_attempts
         self._tenant: str | None = None
         self._tenant_read = False
+        self._waits_seen: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<JobContext {self.id} {self.task} attempt {self.attempt}/{self.max_attempts}>"
-
-    @property
-    def _short_id(self) -> str:
-        return self._held.leased.short_id
-
-    @property
-    def _keys(self) -> keyspace.QueueKeys:
-        return self._app.keys(self.queue)
 
     @property
     def tenant(self) -> str | None:

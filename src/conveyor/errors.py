@@ -15,6 +15,7 @@ Every error a user may want to catch derives from :class:`ConveyorError`::
     ├── ResultTimeout (TimeoutError)         ``Job.result(timeout=...)`` ran out of time
     ├── LeaseLost                            a running job's step was refused: this run
     │                                        lost its lease or is being cancelled
+    ├── WaitTimeout (TimeoutError)           ``ctx.wait_for`` got no signal in time
     └── Snooze                               raised by a task: run me again later
 """
 
@@ -108,6 +109,21 @@ class LeaseLost(ConveyorError):
     def __init__(self, job_id: str, why: str) -> None:
         super().__init__(f"job {job_id}: {why}")
         self.job_id = job_id
+
+
+class WaitTimeout(ConveyorError, TimeoutError):
+    """Raised by :meth:`conveyor.JobContext.wait_for` when no signal of its name arrived
+    within its timeout. Like the payload of a signal, the timeout is recorded: a later run
+    of the task raises it again at the same wait, at once.
+
+    :param job_id: the waiting job
+    :param name: the wait's name
+    """
+
+    def __init__(self, job_id: str, name: str) -> None:
+        super().__init__(f"job {job_id}: no signal {name!r} arrived in time")
+        self.job_id = job_id
+        self.name = name
 
 
 class Snooze(ConveyorError):

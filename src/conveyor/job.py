@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import enum
 import os
 import socket
@@ -42,6 +43,7 @@ class JobState(str, enum.Enum):
     RETRYING = "retrying"
     DEAD = "dead"
     CANCELLED = "cancelled"
+    SUSPENDED = "suspended"  # at a durable wait: no slot, no lease (``conveyor.waits``)
 
     @property
     def finished(self) -> bool:
@@ -91,6 +93,7 @@ class JobInfo:
     result: Any
     progress: float | None = None  # 0-1, as the running task last reported it
     progress_note: str | None = None
+    waiting_for: str | None = None  # a durable wait's: "signal 'approved' until ...", ...
 
     @classmethod
     def from_record(
@@ -133,7 +136,29 @@ class JobInfo:
             result=result,
             progress=_fraction(get(b"progress")),
             progress_note=_text(get(b"progress_note")) or None,
+            waiting_for=_waiting_for(_text(get(b"wt"))),
         )
+
+
+def _utc(ms: str) -> str:
+    seconds = _time(ms)
+    if seconds is None:
+        return ms
+    return datetime.datetime.fromtimestamp(seconds / 1000, datetime.UTC).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+
+
+def _waiting_for(wt: str | None) -> str | None:
+    """What a durable wait's 'wt' field says, for people (``scripts/include/suspend.lua``)."""
+    parts = (wt or "").split(" ", 3)
+    if len(parts) != 4:
+        return None
+    kind, until, child, name = parts
+    if kind == "time":
+        return f"time {_utc(until)}"
+    if kind == "child":
+        return f"child {name} ({child})"
+    return f"signal {name!r}" + ("" if until == "-" else f" until {_utc(until)}")
 
 
 def _cancel_text(reason: str | None) -> str:
@@ -220,6 +245,29 @@ class Job(Generic[R]):
         """Async twin of :meth:`cancel`."""
         call = calls.cancel(self._keys, self.short_id, self._app.limits, _cancel_text(reason))
         return await self._app.ascripts().run(call) in calls.CANCELLABLE
+
+    def signal(self, name: str, payload: Any = None) -> bool:
+        """Send signal ``name`` to the job: the wait of that name
+        (:meth:`conveyor.JobContext.wait_for`) returns ``payload``. A signal sent before the
+        job waits for it is kept until it does; each is consumed once.
+
+        :returns: True, or False when the job has ended (or does not exist)
+        :raises SerializationError: ``payload`` cannot be encoded
+        """
+        answer: int = self._app.scripts.run(self._signal_call(name, payload))
+        return answer != calls.SIGNAL_REFUSED
+
+    async def asignal(self, name: str, payload: Any = None) -> bool:
+        """Async twin of :meth:`signal`."""
+        answer: int = await self._app.ascripts().run(self._signal_call(name, payload))
+        return answer != calls.SIGNAL_REFUSED
+
+    def _signal_call(self, name: str, payload: Any) -> calls.ScriptCall[int]:
+        if not isinstance(name, str) or not name or len(name.encode()) > 200:
+            raise ValueError(f"a signal's name must be a non-empty str of at most 200 bytes:"
+                             f" {name!r}")
+        return calls.signal(self._keys, self.short_id, name,
+                            self._app.codec.encode_result(payload))
 
     def _outcome(self, info: JobInfo) -> tuple[bool, R]:
         if info.state == JobState.SUCCEEDED:

@@ -28,6 +28,7 @@ class QueueKeys:
     ring_prefix: str  # + "<priority>" -> list of tenants with ready jobs (round robin)
     priorities: str  # zset of priorities that have ready jobs
     delayed: str  # zset short id -> due time (ms)
+    suspended: str  # zset short id -> when it was suspended at a durable wait (ms)
     leases: str  # zset short id -> lease deadline (ms)
     dead: str  # zset short id -> time it died (ms)
     wake: str  # list holding at most one marker: "there may be work"
@@ -110,6 +111,7 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
         ring_prefix=f"{tag}:ring:",
         priorities=f"{tag}:priorities",
         delayed=f"{tag}:delayed",
+        suspended=f"{tag}:suspended",
         leases=f"{tag}:leases",
         dead=f"{tag}:dead",
         wake=f"{tag}:wake",

@@ -200,11 +200,19 @@ class Task(Generic[P, R]):
     def options(self, **changes: Any) -> Self:
         """A copy of this task whose jobs are enqueued with other options.
 
-        :param changes: any of ``delay``, ``at``, ``priority``, ``tenant``, ``key``,
-            ``durable``, ``debounce``, ``debounce_max``, ``throttle``
+        :param changes: any of ``queue`` (the jobs go to that queue; a worker serving it
+            runs them), ``delay``, ``at``, ``priority``, ``tenant``, ``key``, ``durable``,
+            ``debounce``, ``debounce_max``, ``throttle``
         """
         copy = object.__new__(type(self))
         copy.__dict__.update(self.__dict__)
+        if "queue" in changes:
+            queue = changes.pop("queue")
+            if not isinstance(queue, str) or not queue or keyspace.JOB_ID_SEPARATOR in queue:
+                raise ConfigurationError(
+                    f"task {self.name!r}: option queue must be a non-empty str free of"
+                    f" {keyspace.JOB_ID_SEPARATOR!r}, got {queue!r}")
+            copy.queue = queue
         copy.job_options = self.job_options.merged(changes)
         return copy
 

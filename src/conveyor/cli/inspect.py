@@ -52,6 +52,8 @@ def job(app: Conveyor, job_id: str, as_json: bool) -> None:
     table = Table(show_header=False, box=None)
     for name in ("id", "task", "queue", "tenant", "priority", "state"):
         table.add_row(name, str(getattr(info, name) if name != "state" else info.state.value))
+    if info.waiting_for:
+        table.add_row("waiting for", info.waiting_for)
     table.add_row("attempts", f"{info.attempts} of {info.max_attempts}")
     if info.progress is not None:
         note = f"  {info.progress_note}" if info.progress_note else ""

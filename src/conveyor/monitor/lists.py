@@ -20,7 +20,7 @@ from ..record import ARGS
 if TYPE_CHECKING:
     from ..app import Conveyor
 
-JOB_LISTS = {"scheduled": "delayed", "active": "leases", "dead": "dead"}
+JOB_LISTS = {"scheduled": "delayed", "active": "leases", "suspended": "suspended", "dead": "dead"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,7 +137,7 @@ class RedisCollector(Collector):
                                    labels=["queue"])
         for queue in queues:
             b = self.app.monitor.backlog(queue)
-            for state in ("ready", "scheduled", "active", "dead"):
+            for state in ("ready", "scheduled", "active", "dead", "suspended"):
                 backlog.add_metric([queue, state], getattr(b, state))
             held.add_metric([queue], b.held)
             if self.with_advice:

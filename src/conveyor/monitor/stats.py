@@ -46,23 +46,26 @@ class Timing:
 @dataclass(frozen=True, slots=True)
 class Backlog:
     """Jobs of a queue by where they are now; ``held`` counts the ready jobs that a limit
-    (flow control, or a pause) keeps from starting now."""
+    (flow control, or a pause) keeps from starting now; ``suspended`` the jobs at a
+    durable wait (``ctx.sleep``, ``wait_for``, ``child``), which hold no slot."""
 
     ready: int = 0
     scheduled: int = 0
     active: int = 0
     dead: int = 0
     held: int = 0
+    suspended: int = 0
 
     @property
     def pending(self) -> int:
-        """Jobs still to run or running: ready + scheduled + active (dead excluded)."""
-        return self.ready + self.scheduled + self.active
+        """Jobs still to run or running: ready + scheduled + active + suspended (dead
+        excluded)."""
+        return self.ready + self.scheduled + self.active + self.suspended
 
     def __add__(self, other: Backlog) -> Backlog:
         return Backlog(self.ready + other.ready, self.scheduled + other.scheduled,
                        self.active + other.active, self.dead + other.dead,
-                       self.held + other.held)
+                       self.held + other.held, self.suspended + other.suspended)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,10 +255,12 @@ class QueueState:
 
 
 def queue_backlog(pipe: Any, keys: QueueKeys) -> None:
-    """Queue the reads of one queue's backlog on ``pipe``: ready = the ready counter,
-    scheduled = delayed set, active = leases, dead = dead set, and whether it has limits
-    or a pause (:data:`BACKLOG_COMMANDS` commands)."""
-    pipe.hget(keys.counts, "ready").zcard(keys.delayed).zcard(keys.leases).zcard(keys.dead)
+    """Queue the reads of one queue's backlog on ``pipe``: ready and suspended = their
+    counters, scheduled = delayed set (less the suspended jobs' timers in it),
+    active = leases, dead = dead set, and whether it has limits or a pause
+    (:data:`BACKLOG_COMMANDS` commands)."""
+    pipe.hmget(keys.counts, "ready", "suspended", "suspended_timed")
+    pipe.zcard(keys.delayed).zcard(keys.leases).zcard(keys.dead)
     pipe.exists(keys.limits, keys.paused)
 
 
@@ -264,10 +269,12 @@ def take_backlog(client: Any, keys: QueueKeys, replies: list[Any]
     """The backlog from the replies of :func:`queue_backlog`, with ``held`` (the ready
     jobs a limit holds back) from the flow-control state, read only when the queue has
     limits or a pause (then returned too)."""
-    ready, scheduled, active, dead, limited = replies
+    (ready, suspended, timed), delayed, active, dead, limited = replies
     flow = read_flow(client, keys) if int(limited) else None
-    return Backlog(max(0, untrusted.integer(ready)), int(scheduled), int(active), int(dead),
-                   flow.held if flow is not None else 0), flow
+    scheduled = max(0, int(delayed) - max(0, untrusted.integer(timed)))
+    return Backlog(max(0, untrusted.integer(ready)), scheduled, int(active), int(dead),
+                   flow.held if flow is not None else 0,
+                   max(0, untrusted.integer(suspended))), flow
 
 
 def read_states(client: redis.Redis, keys: Mapping[str, QueueKeys]) -> dict[str, QueueState]:

@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from ..workflow import Workflow, WorkflowHandle
 
 __all__ = ["ENQUEUE_CHUNK", "Arguments", "Plan", "RedisSender", "Sender", "Sent", "Stored",
-           "aenqueue", "astore_workflow", "encoded", "enqueue", "job_spec", "new_short_id",
-           "new_short_ids", "plan", "store", "store_workflow"]
+           "aenqueue", "astore_workflow", "encoded", "enqueue", "enqueue_child", "job_spec",
+           "new_short_id", "new_short_ids", "plan", "store", "store_workflow"]
 
 ENQUEUE_CHUNK = 2000  # jobs per script call; a bulk enqueue pipelines its chunks
 
@@ -209,6 +209,19 @@ async def aenqueue(task: Task[Any, Any], arguments: Sequence[Arguments],
     with _hooks(app, task, len(arguments), claim) as meta:
         p = plan(task, arguments, meta=meta, claim=claim)
         return _jobs(p, await app._sender.asend(p))
+
+
+def enqueue_child(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                  short_id: str, parent: str) -> Job[Any]:
+    """Store the child job a durable wait planned (``ctx.child``) under ``short_id``, linked
+    to the job ``parent`` that waits for it. Sent again as often as the parent's runs reach
+    the wait: the script stores it once, and never over a record that exists."""
+    app = task.app
+    with _hooks(app, task, 1, None) as meta:
+        p = plan(task, [(args, kwargs)], meta=meta, ids=[short_id])
+        p.spec, p.single = p.spec._replace(parent=parent), False
+        app._sender.send(p)
+    return Job._of(app, p.queue, short_id)
 
 
 def store(p: Plan) -> list[Job[Any]]:

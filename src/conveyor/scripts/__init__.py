@@ -46,6 +46,9 @@ SCRIPT_NAMES = (
     "workflow_settle",
     "set_limits",
     "register_waiter",
+    "wait",
+    "signal",
+    "resume",
 )
 
 

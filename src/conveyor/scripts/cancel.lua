@@ -1,7 +1,7 @@
 #!lua
--- Cancel a job. One that has not started ends at once: a scheduled or retrying job leaves
--- the delayed set; a ready job is marked and skipped by the next fetch that meets it (O(1),
--- no list scan). A running job is only marked: its holder learns of the cancel with its
+-- Cancel a job. One that has not started ends at once: a scheduled or retrying job (or
+-- one suspended at a durable wait) leaves the delayed set; a ready job is marked and
+-- skipped by the next fetch that meets it (O(1), no list scan). A running job is only marked: its holder learns of the cancel with its
 -- next heartbeat (the `cancelling` set tells holders to beat sooner) and records the end;
 -- if the holder is dead, the job ends cancelled when its lease expires, and is not re-run.
 -- The record of a cancelled ready job gets its TTL only when that fetch removes it from
@@ -14,16 +14,18 @@
 -- K.counts
 -- K.dedupe_prefix
 -- K.cancelling
+-- K.suspended
 -- A.now              '' for the server clock (ms override, tests only)
 -- A.retention        seconds the cancelled record is kept
 -- A.id               short id of the job
 -- A.reason           who cancelled it and why (stored as the job's error)
 -- Returns: the state the job was in ('' when there is no such job); it was cancelled
 --          (or, when 'active', marked for cancelling) only if that state was scheduled,
---          retrying, ready or active
+--          retrying, suspended, ready or active
 --@include clock
 --@include counter
 --@include finish
+--@include suspend
 
 local job_prefix = K.job_prefix
 local retention, id, reason = tonumber(A.retention), A.id, A.reason
@@ -47,6 +49,9 @@ if state == 'active' then
   return state
 elseif state == 'scheduled' or state == 'retrying' then
   redis.call('ZREM', K.delayed, id)
+elseif state == 'suspended' then
+  redis.call('ZREM', K.delayed, id)  -- the timer of its wait, if it has one
+  count_suspended(K, id, parse_wait(redis.call('HGET', key, 'wt')), -1)
 elseif state == 'ready' then
   add_count(K.counts, 'ready', -1)
 else

@@ -46,6 +46,8 @@
 -- A.debounce_max_ms '' or: ... but no later than this long after the first one
 -- A.throttle_ms           '' or: with a key, the key stays taken this long from the first
 -- A.trace                 '' or the trace id (32 hex chars) of the call, for the sink
+-- A.parent                '' or the id of the job that waits for this one (ctx.child):
+--                         one job, never stored over a record that exists
 -- A.dead_cap              most dead letters kept (a hand-off may meet a bad record)
 -- A.events_maxlen         approximate cap of the events stream
 -- A.jobs                  number of jobs that follow, 2 fields each: short id, args
@@ -75,6 +77,7 @@ local FIRST, FIELDS, ID, ARGS = ITEM.first, ITEM.fields, ITEM.short_id, ITEM.arg
 local problem = enqueue_problem()
 if problem then return redis.error_reply('ERR enqueue: ' .. problem) end
 
+if child_stored(job_prefix) then return { ARGV[FIRST + ID], 0 } end
 if claim ~= '' then
   local last = tonumber(redis.call('GET', schedule_prefix .. claim))
   if last and last >= claim_tick then return {} end
@@ -116,6 +119,7 @@ if debounce_max_ms then
 end
 if claim ~= '' then record[#record + 1] = 'tick'; record[#record + 1] = seconds(claim_tick) end
 if trace ~= '' then record[#record + 1] = 'tr'; record[#record + 1] = trace end
+if A.parent ~= '' then record[#record + 1] = 'pw'; record[#record + 1] = A.parent end
 local n_fields = #record
 
 -- A key of the wrong type (one written over by hand) must not leave a call half applied:

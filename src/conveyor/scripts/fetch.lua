@@ -28,6 +28,7 @@
 -- K.parked
 -- K.waiters
 -- K.waiter_offers
+-- K.suspended
 -- A.now                   '' for the server clock (ms override, tests only)
 -- A.want                  most jobs to lease (the worker's free slots)
 -- A.dead_cap              most dead letters kept
@@ -70,7 +71,7 @@ if not nonce or nonce == '' then return redis.error_reply('ERR fetch: nonce must
 local wrong = wrong_key_type('fetch', { K.priorities, 'zset', K.delayed, 'zset',
   K.leases, 'zset', K.dead, 'zset', K.counts, 'hash', K.active, 'hash', K.seq, 'string',
   K.events, 'stream', K.limits, 'hash', K.buckets, 'hash', K.running, 'hash',
-  K.parked, 'zset' })
+  K.parked, 'zset', K.suspended, 'zset' })
 if wrong then return redis.error_reply(wrong) end
 -- The token counter is first incremented after a job is popped: one that is no integer
 -- would fail the fetch there, with that job off its ready list and in no lease.

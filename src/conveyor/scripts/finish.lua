@@ -1,7 +1,8 @@
 #!lua
 -- Record the outcome of a batch of attempts: success, failure (retry with a delay, or dead
 -- when attempts are spent), dead at once (unknown task, corrupt payload), snoozed (the
--- attempt given back; dead past the cap) or cancelled. A job someone asked to cancel ends
+-- attempt given back; dead past the cap), suspended at a durable wait (the attempt given
+-- back, include/suspend.lua) or cancelled. A job someone asked to cancel ends
 -- cancelled whatever its run reports (a late result or retry is refused).
 -- An outcome is accepted only with the fencing token of the job's current lease: a worker
 -- whose lease expired and was taken over cannot record anything, so one success is kept.
@@ -23,6 +24,7 @@
 -- K.ready_prefix
 -- K.ring_prefix
 -- K.priorities
+-- K.suspended
 -- A.now                   '' for the server clock (ms override, tests only)
 -- A.retention             seconds a finished job record (and its result) is kept
 -- A.dead_cap              most dead letters kept
@@ -31,11 +33,13 @@
 -- A.bucket_ttl            lifetime of a metric bucket (s)
 -- A.snooze_cap            most snoozes of a job; one more makes it dead
 -- A.outcomes              number of outcomes that follow, 6 fields each:
---         short id, token, outcome ('ok' | 'retry' | 'dead' | 'snooze' | 'cancelled'),
+--         short id, token, outcome ('ok' | 'retry' | 'dead' | 'snooze' | 'cancelled' |
+--         'suspend'),
 --         started_at (epoch s), payload (encoded result for 'ok', error text otherwise),
 --         retry_delay_ms (the delay of a retry or a snooze)
 -- Returns: { codes: one per outcome, 0 refused (stale token), 1 succeeded, 2 retrying,
---            3 dead, 4 cancelled, 5 snoozed; short ids trimmed from the dead letters by
+--            3 dead, 4 cancelled, 5 snoozed, 6 suspended (7 when the wait was already
+--            over, so the job is ready again); short ids trimmed from the dead letters by
 --            the cap; how many of the jobs that ended were workflow nodes queued for
 --            hand-over }
 --@include clock
@@ -63,7 +67,7 @@ if unknown then return redis.error_reply('ERR finish: unknown outcome ' .. unkno
 local wrong = wrong_key_type('finish', { leases, 'zset', delayed, 'zset', dead, 'zset',
   K.active, 'hash', K.idle, 'hash', events, 'stream', K.counts, 'hash', K.running, 'hash',
   K.parked, 'zset', K.limits, 'hash', K.priorities, 'zset', handover_key(job_prefix),
-  'list' })
+  'list', K.suspended, 'zset' })
 if wrong then return redis.error_reply(wrong) end
 
 local now = now_ms(A.now)
@@ -79,7 +83,7 @@ for i = 0, n - 1 do
   -- A record that is no hash (written over by hand) reads as an error: refused, like a
   -- stale token; its lease expires and the fetch that reclaims it dead-letters it.
   local f = redis.pcall('HMGET', key, 's', 'token', 't', 'attempts', 'm', 'key', 'e',
-    'run_at', 'tenant', 'p', 'cancel', 'snoozes', 'tr', 'wf')
+    'run_at', 'tenant', 'p', 'cancel', 'snoozes', 'tr', 'wf', 'pw')
   if f[1] ~= 'active' or f[2] ~= token then
     codes[#codes + 1] = 0
   else
@@ -89,7 +93,7 @@ for i = 0, n - 1 do
     done_tasks[task] = (done_tasks[task] or 0) + 1
     done_tenants[f[9] or ''] = (done_tenants[f[9] or ''] or 0) + 1
     outcome, payload = final_outcome(outcome, payload, f, snooze_cap)
-    if outcome ~= 'snooze' then
+    if outcome ~= 'snooze' and outcome ~= 'suspend' then
       local enqueued_at, run_at = (tonumber(f[7]) or 0) / 1000, tonumber(f[8]) or 0
       local waited = (tonumber(started_at) or 0) - math.max(enqueued_at, run_at)
       observe(tally, task, waited, now / 1000 - (tonumber(started_at) or now / 1000))
@@ -108,6 +112,9 @@ for i = 0, n - 1 do
     elseif outcome == 'snooze' then
       settle_snoozed(key, delayed, id, f[4], started_at, due)
       retried, codes[#codes + 1] = true, 5
+    elseif outcome == 'suspend' then
+      codes[#codes + 1] = settle_suspended(K, id, f, started_at, now) and 6 or 7
+      retried = true
     elseif outcome == 'cancelled' then
       state, err = 'cancelled', payload
       settle_cancelled(key, payload, started_at, now_s, retention)
@@ -129,7 +136,7 @@ for i = 0, n - 1 do
         job.state, job.error = state, err
         emit_event(events, events_maxlen, id, job)
       end
-      handed = handed + hand_over(job_prefix, id, now, f[14] ~= false)
+      handed = handed + hand_over(job_prefix, id, now, f[14] ~= false or f[15] ~= false)
     end
   end
 end

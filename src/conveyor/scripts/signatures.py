@@ -25,14 +25,14 @@ KEYS: dict[str, tuple[str, ...]] = {
     "fetch": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "leases",
               "dead", "counts", "active", "seq", "dedupe_prefix", "events", "metrics_prefix",
               "wake", "paused", "limits", "buckets", "running", "parked", "waiters",
-              "waiter_offers"),
+              "waiter_offers", "suspended"),
     "finish": ("job_prefix", "leases", "delayed", "dead", "active", "idle", "dedupe_prefix",
                "events", "metrics_prefix", "wake", "counts", "running", "parked", "limits",
-               "ready_prefix", "ring_prefix", "priorities"),
+               "ready_prefix", "ring_prefix", "priorities", "suspended"),
     "heartbeat": ("job_prefix", "leases", "cancelling"),
     "release": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "leases", "counts",
                 "active", "wake", "running", "parked", "limits"),
-    "cancel": ("job_prefix", "delayed", "counts", "dedupe_prefix", "cancelling"),
+    "cancel": ("job_prefix", "delayed", "counts", "dedupe_prefix", "cancelling", "suspended"),
     "requeue_dead": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "dead",
                      "counts", "wake", "dedupe_prefix"),
     "purge_dead": ("job_prefix", "dead"),
@@ -47,6 +47,11 @@ KEYS: dict[str, tuple[str, ...]] = {
     "set_limits": ("limits", "buckets", "parked", "ready_prefix", "ring_prefix", "priorities",
                    "wake", "counts"),
     "register_waiter": ("waiters", "waiter_offers"),
+    "wait": ("job_prefix",),
+    "signal": ("job_prefix", "delayed", "counts", "ready_prefix", "ring_prefix", "priorities",
+               "wake", "suspended"),
+    "resume": ("job_prefix", "delayed", "counts", "ready_prefix", "ring_prefix", "priorities",
+               "wake", "suspended"),
 }
 
 
@@ -71,6 +76,7 @@ class EnqueueArgv(NamedTuple):
     debounce_max_ms: str
     throttle_ms: str
     trace: str
+    parent: str
     dead_cap: int
     events_maxlen: int
     jobs: int
@@ -134,6 +140,26 @@ class StepArgv(NamedTuple):
     value: bytes
 
 
+class WaitArgv(NamedTuple):
+    now: str
+    id: str
+    token: str
+    kind: str
+    name: str
+    ms: Arg
+    child: str
+
+
+class SignalArgv(NamedTuple):
+    id: str
+    name: str
+    payload: bytes
+
+
+class ResumeArgv(NamedTuple):
+    ends: int
+
+
 class WorkflowEnqueueArgv(NamedTuple):
     now: str
     bucket_seconds: int
@@ -187,6 +213,9 @@ ARGV: dict[str, type[tuple[Any, ...]]] = {
     "workflow_settle": WorkflowSettleArgv,
     "set_limits": SetLimitsArgv,
     "register_waiter": RegisterWaiterArgv,
+    "wait": WaitArgv,
+    "signal": SignalArgv,
+    "resume": ResumeArgv,
 }
 
 
@@ -200,7 +229,7 @@ class EnqueueItem(NamedTuple):
 class FinishItem(NamedTuple):
     short_id: str
     token: str
-    outcome: str  # 'ok' | 'retry' | 'dead' | 'snooze' | 'cancelled'
+    outcome: str  # 'ok' | 'retry' | 'dead' | 'snooze' | 'cancelled' | 'suspend'
     started_at: str  # epoch seconds, 6 decimals
     payload: bytes | str
     retry_delay_ms: int
@@ -261,6 +290,12 @@ class SetLimitsItem(NamedTuple):
     value: str
 
 
+class ResumeItem(NamedTuple):
+    parent: str
+    child: str
+    outcome: bytes
+
+
 ITEMS: dict[str, type[tuple[Any, ...]]] = {
     "enqueue": EnqueueItem,
     "finish": FinishItem,
@@ -272,4 +307,5 @@ ITEMS: dict[str, type[tuple[Any, ...]]] = {
     "workflow_release": WorkflowReleaseItem,
     "workflow_settle": WorkflowSettleItem,
     "set_limits": SetLimitsItem,
+    "resume": ResumeItem,
 }

@@ -64,7 +64,8 @@ def overview(app: Conveyor) -> dict[str, Any]:
     for q in seen.queues:
         b, spark = q.backlog, series.chart(q.spark)
         rows.append({"name": q.name, "ready": b.ready, "scheduled": b.scheduled,
-                     "active": b.active, "dead": b.dead, "paused": q.paused,
+                     "active": b.active, "suspended": b.suspended, "dead": b.dead,
+                     "paused": q.paused,
                      "throughput": q.stats.throughput, "wait_p95": q.stats.wait.p95,
                      "advice": advice_plain(q.advice),
                      "spark": {"t": spark["t"], "processed": spark["processed"],
@@ -72,7 +73,7 @@ def overview(app: Conveyor) -> dict[str, Any]:
     return {"time": seen.now, "queues": rows,
             "tasks": queries.activity_rows(seen.tasks, seen.now),
             "totals": {k: sum(r[k] for r in rows) for k in ("ready", "scheduled", "active",
-                                                            "dead")}
+                                                            "suspended", "dead")}
             | {"throughput": sum(r["throughput"] for r in rows)},
             "workers": {"count": len(seen.workers),
                         "capacity": sum(w.concurrency for w in seen.workers)}}

@@ -7,6 +7,7 @@ report back through a redirect that names the outcome from a fixed list of messa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
@@ -36,6 +37,10 @@ NOTICES = {
     "paused": ("ok", "Paused: the queue accepts jobs but hands none out."),
     "resumed": ("ok", "Resumed: workers take jobs from the queue again."),
     "bad-request": ("warn", "That action needs a queue or a job id it did not get."),
+    "signalled": ("ok", "Signal sent: the job's wait of that name gets it (kept until then)."),
+    "not-signalled": ("warn", "The signal was not sent: the job has ended."),
+    "bad-signal": ("warn", "A signal needs a name (1-200 bytes) and a payload in JSON (or"
+                   " nothing): nothing was sent."),
     "limits-set": ("ok", "Limits changed: every worker obeys them at its next claim."),
     "bad-limits": ("warn", "Those limits are not valid (a cap is a whole number >= 0, a rate"
                    " is like 200/s, 50/m or 10): nothing was changed."),
@@ -92,6 +97,7 @@ class Pages:
             Route("/workers", self.workers, name="workers"),
             Route("/schedules", self.schedules, name="schedules"),
             Route("/actions/limits", self.limits_action, methods=["POST"], name="limits"),
+            Route("/actions/signal", self.signal_action, methods=["POST"], name="signal"),
             Route("/actions/{action}", self.action, methods=["POST"], name="action"),
         ]
 
@@ -229,6 +235,26 @@ class Pages:
             done = "bad-limits"
         except ValueError:
             done = "bad-request"
+        separator = "&" if "?" in target else "?"
+        return RedirectResponse(f"{target}{separator}{urlencode({'done': done, 'n': 1})}",
+                                status_code=303)
+
+    async def signal_action(self, request: Request) -> Response:
+        """Send a signal to a job (durable waits) from the form on its page."""
+        form = await read_form(request)
+        why = self.csrf.refusal(request, form.get("csrf"))
+        if why is not None:
+            return PlainTextResponse(f"refused: {why}", status_code=403)
+        base = request.scope.get("root_path", "")
+        target = local_path(form.get("next"), base + "/")
+        try:
+            raw = form.get("data", "").strip()
+            payload = json.loads(raw) if raw else None
+            sent = await run_in_threadpool(self.app.signal, form.get("job_id", ""),
+                                           form.get("name", "").strip(), payload)
+            done = "signalled" if sent else "not-signalled"
+        except ValueError:  # no JSON, no name, no job id
+            done = "bad-signal"
         separator = "&" if "?" in target else "?"
         return RedirectResponse(f"{target}{separator}{urlencode({'done': done, 'n': 1})}",
                                 status_code=303)

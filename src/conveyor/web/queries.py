@@ -7,6 +7,8 @@ with ten tenants or a hundred thousand.
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import TYPE_CHECKING, Any
 
 from ..job import JobInfo
@@ -22,9 +24,11 @@ LISTS = JOB_LISTS
 
 
 def backlog(app: Conveyor, queues: list[str]) -> dict[str, dict[str, Any]]:
-    """Ready, scheduled, active and dead jobs and the paused flag of each queue."""
+    """Ready, scheduled, active, suspended and dead jobs and the paused flag of each
+    queue."""
     return {q: {"ready": s.backlog.ready, "scheduled": s.backlog.scheduled,
-                "active": s.backlog.active, "dead": s.backlog.dead, "paused": s.paused}
+                "active": s.backlog.active, "suspended": s.backlog.suspended,
+                "dead": s.backlog.dead, "paused": s.paused}
             for q, s in app.monitor.queue_states(queues).items()}
 
 
@@ -78,7 +82,21 @@ def job_detail(app: Conveyor, job_id: str) -> dict[str, Any]:
     detail = app.monitor.job_detail(job_id)
     out = info_dict(detail.info)
     out["workflow"], out["args"], out["kwargs"] = detail.workflow, detail.args, detail.kwargs
+    out["waiting_signal"] = _signal_name(detail.info.waiting_for)
     return out
+
+
+def _signal_name(waiting_for: str | None) -> str | None:
+    """The name of the signal a job waits for (``JobInfo.waiting_for`` is
+    ``"signal 'name' ..."``), to fill the dashboard's signal form in."""
+    found = re.match(r"signal ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")", waiting_for or "")
+    if found is None:
+        return None
+    try:
+        name = ast.literal_eval(found.group(1))
+    except (ValueError, SyntaxError):
+        return None
+    return name if isinstance(name, str) else None
 
 
 def workers(app: Conveyor, now: float) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from ..clock import ServerClock
 from ..context import JobContext, enter, leave
 from ..errors import Snooze
 from ..scripts.calls import Leased, Outcome
+from ..waits import Suspended
 from .threads import ThreadRunner
 
 if TYPE_CHECKING:
@@ -145,6 +146,8 @@ class Executor:
             return self._ok(held, self.app.codec.encode_result(value))
         except Snooze as snooze:
             return self._snooze(held, snooze)
+        except Suspended:
+            return self._suspend(held)
         except _Overran:
             return self._retry(held, task, f"timeout: the task ran longer than {task.timeout} s")
         except asyncio.CancelledError:
@@ -229,6 +232,8 @@ class Executor:
             return self._ok(held, self.app.codec.encode_result(value))
         except Snooze as snooze:
             return self._snooze(held, snooze)
+        except Suspended:
+            return self._suspend(held)
         except BaseException as exc:  # whatever the task raises ends in an outcome
             try:
                 return self._retry(held, task, describe(exc))
@@ -273,6 +278,11 @@ class Executor:
         return Outcome(held.leased.short_id, held.leased.token, "snooze",
                        held.started_at or self.clock.now(), str(snooze),
                        int(snooze.seconds * 1000))
+
+    def _suspend(self, held: Held) -> Outcome:
+        """The run reached a durable wait that is not over (``conveyor.waits``)."""
+        return Outcome(held.leased.short_id, held.leased.token, "suspend",
+                       held.started_at or self.clock.now(), "")
 
     def _retry(self, held: Held, task: Any, error: str) -> Outcome:
         delay = task.retry_delay(held.leased.attempts)

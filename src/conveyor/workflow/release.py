@@ -1,4 +1,6 @@
-"""The hand-over: telling a workflow node's children that it ended, exactly once.
+"""The hand-over: telling a workflow node's children that it ended, exactly once (and a
+child job of a durable wait, ``ctx.child``, its parent: the same steps, with ``resume``
+in the parent's slot for step 2).
 
 Parents and children may live on different queues, so on different Redis Cluster slots,
 and no script may span two slots. The hand-over is therefore split in steps, each atomic
@@ -41,6 +43,7 @@ import msgspec
 from .. import keys as keyspace
 from ..record import STATE
 from ..scripts import calls
+from ..waits import child_outcome
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -77,12 +80,19 @@ class Steps:
         self.app, self.queue, self.k = app, queue, app.keys(queue)
         self.releases: dict[str, list[tuple[str, str, str]]] = {}
         self.ended: dict[str, list[str]] = {}  # workflow id -> ended node ids
+        self.resumes: dict[str, list[tuple[str, str, bytes]]] = {}  # parents, by queue
 
     def read(self, shorts: list[str], records: list[list[Any]]) -> None:
-        for short, (state, wf, name, children, error) in zip(shorts, records, strict=True):
-            if state not in ENDED or not wf:
-                continue  # gone, requeued from the dead letters, or no node: nothing to tell
+        for short, (state, wf, name, children, error, parent, result) in zip(
+                shorts, records, strict=True):
+            if state not in ENDED:
+                continue  # gone, or requeued from the dead letters: nothing to tell
             job_id = keyspace.job_id(self.queue, short)
+            if parent:
+                self._parent(parent.decode(errors="replace"), job_id,
+                             child_outcome(state, result, error, job_id))
+            if not wf:
+                continue
             outcome = "" if state == b"succeeded" else _reason(
                 (name or b"").decode(errors="replace"), job_id, state, error)
             for child in _children(children):
@@ -92,6 +102,19 @@ class Steps:
                     continue
                 self.releases.setdefault(child_queue, []).append((child_short, job_id, outcome))
             self.ended.setdefault(wf.decode(errors="replace"), []).append(job_id)
+
+    def _parent(self, parent: str, job_id: str, outcome: bytes) -> None:
+        """A child job (``ctx.child``) ended: its parent is to learn of it."""
+        try:
+            queue, short = keyspace.split_job_id(parent)
+        except ValueError:
+            return
+        self.resumes.setdefault(queue, []).append((short, job_id, outcome))
+
+    def resume_calls(self) -> list[tuple[str, Any]]:
+        return [(queue, calls.resume(self.app.keys(queue), ends[i:i + RELEASE_CHUNK]))
+                for queue, ends in self.resumes.items()
+                for i in range(0, len(ends), RELEASE_CHUNK)]
 
     def release_calls(self) -> list[tuple[str, Any]]:
         out = []
@@ -112,7 +135,7 @@ class Steps:
         return out
 
 
-FIELDS = (STATE, "wf", "wfn", "wfc", "error")
+FIELDS = (STATE, "wf", "wfn", "wfc", "error", "pw", "result")
 
 
 async def drain_queue(app: Conveyor, queue: str) -> tuple[int, set[str], set[str]]:
@@ -141,6 +164,9 @@ async def drain_queue(app: Conveyor, queue: str) -> tuple[int, set[str], set[str
             ready.add(child_queue)
         if dropped:
             cancelled.add(child_queue)
+    for parent_queue, call in steps.resume_calls():
+        if await runner.run(call):
+            ready.add(parent_queue)
     for call in steps.settle_calls():
         await runner.run(call)
     async with client.pipeline(transaction=False) as pipe:

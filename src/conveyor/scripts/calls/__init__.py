@@ -13,6 +13,7 @@ The builders live by script family, and every name is importable from here:
 - :mod:`.dead`: ``requeue_dead``, ``purge_dead``
 - :mod:`.workflow`: ``workflow_enqueue``, ``workflow_release``, ``workflow_settle``
 - :mod:`.limits`: ``set_limits`` (flow control)
+- :mod:`.waits`: ``wait``, ``signal``, ``resume`` (durable waits)
 """
 
 from ...bounds import Limits
@@ -31,6 +32,18 @@ from .running import (
     progress,
     step,
 )
+from .waits import (
+    SIGNAL_DELIVERED,
+    SIGNAL_KEPT,
+    SIGNAL_REFUSED,
+    WAIT_CANCELLING,
+    WAIT_RECORDED,
+    WAIT_REFUSED,
+    WAIT_SUSPEND,
+    resume,
+    signal,
+    wait,
+)
 from .worker import (
     BEAT_CANCEL,
     BEAT_KEPT,
@@ -41,6 +54,7 @@ from .worker import (
     FINISH_RETRYING,
     FINISH_SNOOZED,
     FINISH_SUCCEEDED,
+    FINISH_SUSPENDED,
     Fetched,
     Finished,
     Leased,
@@ -68,12 +82,20 @@ __all__ = [
     "FINISH_RETRYING",
     "FINISH_SNOOZED",
     "FINISH_SUCCEEDED",
+    "FINISH_SUSPENDED",
     "ITEMS",
     "KEYS",
+    "SIGNAL_DELIVERED",
+    "SIGNAL_KEPT",
+    "SIGNAL_REFUSED",
     "STEP_CANCELLING",
     "STEP_KEPT",
     "STEP_RECORDED",
     "STEP_REFUSED",
+    "WAIT_CANCELLING",
+    "WAIT_RECORDED",
+    "WAIT_REFUSED",
+    "WAIT_SUSPEND",
     "Arg",
     "Claim",
     "Fetched",
@@ -96,8 +118,11 @@ __all__ = [
     "register_waiter",
     "release",
     "requeue_dead",
+    "resume",
     "set_limits",
+    "signal",
     "step",
+    "wait",
     "workflow_enqueue",
     "workflow_release",
     "workflow_settle",

@@ -29,6 +29,7 @@ class JobSpec(NamedTuple):
     debounce_max_ms: float | None = None
     throttle_ms: float | None = None
     trace: str = ""
+    parent: str = ""  # the job whose durable wait this one is (ctx.child)
 
 
 def _parse_enqueue(
@@ -69,7 +70,8 @@ def enqueue(
         delay_ms=_opt(spec.delay_ms), at_ms=_opt(spec.at_ms), max_attempts=spec.max_attempts,
         key=spec.key, visibility_ms=spec.visibility_ms, debounce_ms=_opt(spec.debounce_ms),
         debounce_max_ms=_opt(spec.debounce_max_ms), throttle_ms=_opt(spec.throttle_ms),
-        trace=spec.trace, dead_cap=limits.dead_cap, events_maxlen=limits.events_maxlen,
+        trace=spec.trace, parent=spec.parent, dead_cap=limits.dead_cap,
+        events_maxlen=limits.events_maxlen,
         jobs=len(jobs))
     rest: list[Arg] = []
     for short_id, encoded in jobs:

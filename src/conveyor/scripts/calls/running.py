@@ -21,7 +21,7 @@ def cancel(
                  _text)
 
 
-CANCELLABLE = ("scheduled", "retrying", "ready", "active")
+CANCELLABLE = ("scheduled", "retrying", "suspended", "ready", "active")
 
 
 def progress(k: QueueKeys, reports: Sequence[tuple[str, str, float, str]]) -> ScriptCall[list[int]]:

@@ -190,7 +190,7 @@ class Outcome:
 
     short_id: str
     token: str
-    outcome: str  # 'ok' | 'retry' | 'dead' | 'snooze' | 'cancelled'
+    outcome: str  # 'ok' | 'retry' | 'dead' | 'snooze' | 'cancelled' | 'suspend'
     started_at: float
     payload: bytes | str = b""
     retry_delay_ms: int = 0  # the delay of a retry or a snooze
@@ -198,6 +198,7 @@ class Outcome:
 
 FINISH_REFUSED, FINISH_SUCCEEDED, FINISH_RETRYING, FINISH_DEAD = 0, 1, 2, 3
 FINISH_CANCELLED, FINISH_SNOOZED = 4, 5
+FINISH_SUSPENDED = (6, 7)  # suspended; or ready again, its wait over before it could suspend
 
 
 @dataclass(frozen=True, slots=True)

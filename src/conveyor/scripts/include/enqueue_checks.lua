@@ -21,6 +21,7 @@ local function enqueue_problem()
   end
   local key = A.key
   if key ~= '' and n_jobs > 1 then return 'a dedupe key names one job, got ' .. n_jobs end
+  if A.parent ~= '' and n_jobs ~= 1 then return 'a parent waits for one job, got ' .. n_jobs end
   for _, raw in ipairs({ A.debounce_ms, A.debounce_max_ms, A.throttle_ms }) do
     local v = tonumber(raw)
     if raw ~= '' and (not v or v <= 0) then
@@ -43,4 +44,10 @@ local function enqueue_problem()
     return 'trace must be empty or 32 hex digits'
   end
   return nil
+end
+
+-- A child job (ctx.child) is planned by its parent under a fixed id and sent again until
+-- stored: one whose record exists already is that same job, never stored over.
+local function child_stored(job_prefix)
+  return A.parent ~= '' and redis.call('EXISTS', job_prefix .. ARGV[ITEM.first + ITEM.short_id]) == 1
 end

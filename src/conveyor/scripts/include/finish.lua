@@ -88,12 +88,14 @@ end
 -- hand-over to its children, in the same script as the transition, so that no end is ever
 -- missed. The entry is "<short id> <now>": a node that ends again (requeued from the dead
 -- letters) gets an entry of its own, which a drainer removing the first cannot take away.
--- Returns 1 if the job is a workflow node, else 0.
--- `workflow`, when given, is the record's 'wf' field as the caller already read it (nil or
--- false: no workflow node); otherwise it is looked up.
+-- A child job a parent waits for (ctx.child: its record's 'pw' names the parent) is handed
+-- over the same way, to its parent. Returns 1 if the job is either, else 0.
+-- `workflow`, when given, says whether the record has 'wf' or 'pw', as the caller already
+-- read it; otherwise it is looked up.
 local function hand_over(job_prefix, short_id, now, workflow)
   if workflow == nil then
-    workflow = redis.call('HEXISTS', job_prefix .. short_id, 'wf') == 1
+    local f = redis.call('HMGET', job_prefix .. short_id, 'wf', 'pw')
+    workflow = f[1] ~= false or f[2] ~= false
   end
   if not workflow then return 0 end
   redis.call('RPUSH', handover_key(job_prefix), short_id .. ' ' .. string.format('%.3f', now))

@@ -19,11 +19,22 @@ local function promote_due(k, now, limit, cfg, tally, out)
     redis.call('ZREM', k.delayed, id)
     local r = read_record(k.job_prefix .. id)
     local bad = listed_record_problem(k.job_prefix .. id, r)
-    if not bad and r.state ~= 'scheduled' and r.state ~= 'retrying' then
+    if not bad and r.state ~= 'scheduled' and r.state ~= 'retrying'
+        and r.state ~= 'suspended' then
       bad = stranded(k, id, r)  -- (its delayed entry, the one we met, is already removed)
     end
     if bad then
       dead_letter(k, cfg, tally, now, id, r, bad, out)
+    elseif r.state == 'suspended' then
+      -- A durable wait's time came (a sleep's end, a timeout): the run that takes it next
+      -- records the wait's outcome (wait.lua).
+      redis.call('ZREM', k.suspended, id)
+      add_count(k.counts, 'suspended', -1)
+      add_count(k.counts, 'suspended_timed', -1)  -- it was in the delayed set: it had a timer
+      redis.call('HSET', k.job_prefix .. id, 's', 'ready')
+      push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, r.priority or '5',
+        r.tenant or '', true)
+      promoted = promoted + 1
     elseif r.state == 'scheduled' or r.state == 'retrying' or r.state == 'ready' then
       -- 'ready' here is a record changed by hand, in no ready list that we can see: it is
       -- listed (were it listed already, the second entry meets it leased, and is skipped).

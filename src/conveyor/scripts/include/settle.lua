@@ -4,6 +4,7 @@
 --@include clock
 --@include finish
 --@include flow
+--@include suspend
 
 -- The fields of a job's event (see emit_event), from the record's fields f as finish reads
 -- them (task f[3], attempts f[4], enqueued_at f[7], run_at f[8], tenant f[9], priority
@@ -50,6 +51,28 @@ local function settle_snoozed(key, delayed, id, attempts, started_at, due)
   redis.call('ZADD', delayed, due, id)
 end
 
+-- Suspended at a durable wait (include/suspend.lua): no lease, the attempt given back, the
+-- suspension counted. A wait whose outcome was recorded since the run described it (a
+-- signal, the child's end) is not waited for: the job is ready at once. k holds finish's
+-- keys.
+local function settle_suspended(k, id, f, started_at, now)
+  local key = k.job_prefix .. id
+  redis.call('HSET', key, 'token', '', 'started_at', started_at,
+    'attempts', math.max(0, (tonumber(f[4]) or 1) - 1))
+  add_count(key, 'suspends', 1)
+  local w = parse_wait(redis.call('HGET', key, 'wt'))
+  if not w then
+    redis.call('HSET', key, 's', 'ready')
+    push_ready(k.ready_prefix, k.ring_prefix, k.priorities, id, f[10] or '5', f[9] or '', true)
+    add_count(k.counts, 'ready', 1)
+    return false
+  end
+  redis.call('HSET', key, 's', 'suspended')
+  count_suspended(k, id, w, 1, now)
+  if w.until_ms then redis.call('ZADD', k.delayed, w.until_ms, id) end
+  return true
+end
+
 local function settle_cancelled(key, reason, started_at, now_s, retention)
   redis.call('HSET', key, 's', 'cancelled', 'token', '', 'error', reason,
     'started_at', started_at, 'finished_at', now_s)
@@ -62,7 +85,8 @@ local function settle_dead(key, payload, started_at, now_s)
 end
 
 -- The first outcome of a finish call's ARGV that is no known kind, or nil.
-local FINISH_OUTCOMES = { ok = 1, retry = 1, dead = 1, snooze = 1, cancelled = 1 }
+local FINISH_OUTCOMES = { ok = 1, retry = 1, dead = 1, snooze = 1, cancelled = 1,
+  suspend = 1 }
 local function unknown_outcome(n)
   for i = 0, n - 1 do
     local outcome = ARGV[ITEM.first + i * ITEM.fields + ITEM.outcome]
