@@ -210,3 +210,25 @@ def test_suspended_jobs_are_counted_and_listed_apart_from_scheduled_ones(
         assert untimed.result(timeout=10) == "now" and timed.result(timeout=10) == "too"
         backlog = app.monitor.backlog("w")
         assert (backlog.scheduled, backlog.suspended) == (1, 0)
+
+
+def test_drain_with_scheduled_jobs_ends_sleeps_and_timeouts_at_once(
+        app: conveyor.Conveyor) -> None:
+    """A test of a task that sleeps a day needs no day: ``testing.drain`` with
+    ``include_scheduled`` ends durable sleeps and wait timeouts now."""
+    from conveyor import testing
+
+    @app.task(name="reminder", queue="w")
+    async def reminder(user: str) -> str:
+        ctx = conveyor.current_job()
+        ctx.sleep("a day", 86_400)
+        try:
+            ctx.wait_for("clicked", timeout=3600)
+        except conveyor.WaitTimeout:
+            return f"{user} never clicked"
+        return f"{user} clicked"
+
+    job = reminder.enqueue("ann")
+    infos = testing.drain(app, queues=["w"], include_scheduled=True, timeout=20)
+    assert job.result(timeout=1) == "ann never clicked"
+    assert [i.id for i in infos] == [job.id]

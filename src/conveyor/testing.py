@@ -34,6 +34,7 @@ from . import keys as keyspace
 from .job import JobInfo
 from .producer import RedisSender, Sent
 from .record import ARGS, ENQUEUED_MS, MAX_ATTEMPTS, PRIORITY, STATE, TASK
+from .waits import due_now
 
 if TYPE_CHECKING:
     from .app import Conveyor
@@ -226,11 +227,17 @@ class _Ran(hooks.Hook):
 
 def _make_due(app: Conveyor, queues: Sequence[str]) -> int:
     """Make every scheduled job and pending retry of ``queues`` due now (each score
-    multiplied by zero in one atomic command); how many there were."""
+    multiplied by zero in one atomic command), and the durable sleeps and wait timeouts
+    of its suspended jobs over now; how many there were."""
     total = 0
     for queue in queues:
-        delayed = app.keys(queue).delayed
-        total += int(app.redis.zunionstore(delayed, {delayed: 0}))
+        k = app.keys(queue)
+        for short in app.redis.zrange(k.suspended, 0, -1):
+            key = k.job(short.decode())
+            ended = due_now(app.redis.hget(key, "wt"))
+            if ended is not None:
+                app.redis.hset(key, "wt", ended)
+        total += int(app.redis.zunionstore(k.delayed, {k.delayed: 0}))
     return total
 
 
@@ -273,7 +280,9 @@ def drain(app: Conveyor, queues: Sequence[str] | None = None,
 
     :param queues: queues to drain (default: every queue the app's tasks name)
     :param include_scheduled: also run scheduled jobs and pending retries now, as if
-        their time had come, until none is left (so a failing job runs to its end)
+        their time had come, until none is left (so a failing job runs to its end);
+        durable sleeps and wait timeouts (``ctx.sleep``, ``ctx.wait_for(timeout=...)``)
+        end now too
     :param timeout: seconds after which the drain stops and raises
     :raises TimeoutError: jobs were still ready after ``timeout`` seconds
     :raises redis.exceptions.ConnectionError: Redis cannot be reached

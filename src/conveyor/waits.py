@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .app import Conveyor
     from .context import Lease
 
-__all__ = ["DurableWaits", "Suspended", "child_outcome"]
+__all__ = ["DurableWaits", "Suspended", "child_outcome", "due_now"]
 
 MAX_NAME_BYTES = 200
 
@@ -49,6 +49,15 @@ def child_outcome(state: bytes, result: bytes | None, error: bytes | None,
         return b"o" + (result or b"")
     tag = b"d" if state == b"dead" else b"c"
     return tag + child_id.encode() + b"\n" + (error or b"")
+
+
+def due_now(wt: bytes | None) -> bytes | None:
+    """A wait's 'wt' field with its end in time moved to the past (for
+    ``conveyor.testing.drain``); None for a wait without one."""
+    parts = (wt or b"").split(b" ", 3)
+    if len(parts) != 4 or parts[1] == b"-":
+        return None
+    return b" ".join((parts[0], b"0", parts[2], parts[3]))
 
 
 class DurableWaits:
