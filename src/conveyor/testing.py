@@ -7,11 +7,11 @@
 
 :func:`inline` keeps what matters for a test of a task and drops what needs a server:
 arguments and results go through the app's real encoder (an argument that would fail
-at ``enqueue`` fails here too), a failing task is retried at once up to its ``retries``
-(no backoff sleeps) and then goes dead (``result()`` raises :class:`~conveyor.JobFailed`,
-``on_dead`` callbacks run), and jobs a task enqueues run as well, depth first. Job
-options (``delay``, ``priority``, ``tenant``, ``key``) are accepted and not acted on:
-every job runs at once.
+at ``enqueue`` fails here too); a failing task is retried at once up to its ``retries``
+(no backoff sleeps; ``retry_on``, ``no_retry_on`` and :class:`~conveyor.Fail` apply) and
+then goes dead (``result()`` raises :class:`~conveyor.JobFailed`, ``on_dead`` callbacks
+run); and jobs a task enqueues run as well, depth first. Job options (``delay``,
+``priority``, ``tenant``, ``key``) are accepted and not acted on: every job runs at once.
 
 :func:`drain` runs the app's real worker in this process until no job is ready, and
 returns what it ran. :func:`isolated` gives a test its own key namespace on a shared
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import hooks
 from . import keys as keyspace
+from .errors import Fail
 from .job import JobInfo
 from .producer import RedisSender, Sent
 from .record import ARGS, ENQUEUED_MS, MAX_ATTEMPTS, PRIORITY, STATE, TASK
@@ -182,10 +183,11 @@ class InlineRunner:
         """Record a failed attempt; True when it was the last one (the job is dead)."""
         from .worker.executor import describe
 
-        if attempt < task.max_attempts:
-            self._update(queue, short_id, state="retrying", error=describe(exc))
+        error = exc.reason if isinstance(exc, Fail) else describe(exc)
+        if attempt < task.max_attempts and task.retries_after(exc):
+            self._update(queue, short_id, state="retrying", error=error)
             return False
-        self._dead(queue, short_id, describe(exc))
+        self._dead(queue, short_id, error)
         return True
 
     def _dead(self, queue: str, short_id: str, error: str) -> None:
