@@ -16,6 +16,7 @@ from . import record as record_fields
 from ._async.poll import poll as apoll
 from ._sync.poll import poll
 from .errors import EncodingError, JobCancelled, JobFailed, JobNotFound
+from .hints import convert_result
 from .scripts import calls
 from .untrusted import integer as _int
 from .untrusted import number as _time
@@ -109,14 +110,12 @@ class JobInfo:
         if started_at is not None and finished_at is not None and state != JobState.ACTIVE:
             run_time = max(0.0, finished_at - started_at)
         result: Any = None
+        task = _text(get(F_TASK)) or ""
         if state == JobState.SUCCEEDED:
-            try:
-                result = app.codec.decode_result(get(b"result"))
-            except (EncodingError, RecursionError, ValueError) as exc:
-                result = f"<undecodable result: {type(exc).__name__}: {exc}>"
+            result = _result(app, task, get(b"result"))
         return cls(
             id=keyspace.job_id(queue, short_id),
-            task=_text(get(F_TASK)) or "",
+            task=task,
             queue=queue,
             tenant=_text(get(b"tenant")) or None,
             priority=_int(get(F_PRIORITY), record_fields.DEFAULT_PRIORITY),
@@ -134,6 +133,17 @@ class JobInfo:
             progress=_fraction(get(b"progress")),
             progress_note=_text(get(b"progress_note")) or None,
         )
+
+
+def _result(app: Conveyor, task: str, raw: bytes | None) -> Any:
+    """A stored result, decoded, and converted to its task's return annotation when the
+    task is registered in ``app``."""
+    try:
+        value = app.codec.decode_result(raw)
+    except (EncodingError, RecursionError, ValueError) as exc:
+        return f"<undecodable result: {type(exc).__name__}: {exc}>"
+    registered = app.tasks.get(task)
+    return value if registered is None else convert_result(registered.hints, value)
 
 
 def _cancel_text(reason: str | None) -> str:

@@ -9,6 +9,7 @@ producer's are.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import random
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Self, TypeVar
 from . import keys as keyspace
 from . import producer
 from .errors import ConfigurationError, Fail
+from .hints import Hints, hints_of
 from .job import Job
 from .producer import new_short_id as new_short_id  # made by the producer; named here too
 from .producer import new_short_ids as new_short_ids
@@ -197,6 +199,12 @@ class Task(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         result: R = self.fn(*args, **kwargs)
         return result
+
+    @functools.cached_property
+    def hints(self) -> Hints:
+        """The types its jobs' arguments and result are converted to on decoding (see
+        :mod:`conveyor.hints`): read at the first job, once every name they use exists."""
+        return hints_of(self.fn, self.name)
 
     @property
     def max_attempts(self) -> int:

@@ -21,6 +21,7 @@ from .. import hooks
 from ..clock import ServerClock
 from ..context import JobContext, enter, leave
 from ..errors import Fail, LeaseLost, Snooze
+from ..hints import ArgumentMismatch, convert_arguments
 from ..scripts.calls import Leased, Outcome
 from .threads import ThreadRunner
 
@@ -118,16 +119,25 @@ class Executor:
                        held.started_at or self.clock.now(), reason)
 
     def _decode(self, held: Held) -> tuple[list[Any], dict[str, Any]] | Outcome:
-        """The job's arguments, or the dead outcome that a job with none usable gets."""
+        """The job's arguments, converted to the task's type hints, or the dead outcome
+        that a job with none usable gets."""
         leased = held.leased
         if leased.problem:
             return self._dead(held, leased.problem)
-        if self.app.tasks.get(leased.task) is None:
+        task = self.app.tasks.get(leased.task)
+        if task is None:
             return self._dead(held, f"unknown task {leased.task!r}")
         try:
-            return self.app.codec.decode_args(leased.args)
+            args, kwargs = self.app.codec.decode_args(leased.args)
         except Exception as exc:  # EncodingError, or RecursionError from deep nesting
             return self._dead(held, f"corrupt payload: {describe(exc)}")
+        # An argument that does not fit its annotation fails the same way every attempt.
+        try:
+            return convert_arguments(task.hints, task.name, args, kwargs)
+        except ArgumentMismatch as exc:
+            return self._dead(held, str(exc))
+        except Exception as exc:  # RecursionError from deep nesting
+            return self._dead(held, f"arguments could not be converted: {describe(exc)}")
 
     async def run(self, held: Held) -> Outcome | None:
         """Run ``held`` to an outcome (None: it was withdrawn before it started)."""
