@@ -25,6 +25,7 @@ from .untrusted import text as _text
 F_TASK, F_STATE = record_fields.TASK.encode(), record_fields.STATE.encode()
 F_ENQUEUED = record_fields.ENQUEUED_MS.encode()
 F_PRIORITY, F_MAX_ATTEMPTS = record_fields.PRIORITY.encode(), record_fields.MAX_ATTEMPTS.encode()
+F_HOLDER = record_fields.HOLDER.encode()
 
 if TYPE_CHECKING:
     from .app import Conveyor
@@ -71,7 +72,10 @@ class JobInfo:
 
     ``wait_time`` is ``started_at - max(enqueued_at, run_at)`` (time spent prefetched counts
     as waiting); ``run_time`` is ``finished_at - started_at``; ``attempts`` counts runs
-    started, including runs lost with a dead worker.
+    started, including runs lost with a dead worker. While the job is active,
+    ``started_at`` is when its worker leased it (a worker leases only for free slots, so the
+    run begins then) and ``worker`` is that worker's id; once the run ends, ``started_at``
+    is when the function began and ``worker`` is None.
     """
 
     id: str
@@ -92,6 +96,7 @@ class JobInfo:
     result: Any
     progress: float | None = None  # 0-1, as the running task last reported it
     progress_note: str | None = None
+    worker: str | None = None  # the id of the worker holding the job, while it is active
 
     @classmethod
     def from_record(
@@ -132,6 +137,7 @@ class JobInfo:
             result=result,
             progress=_fraction(get(b"progress")),
             progress_note=_text(get(b"progress_note")) or None,
+            worker=(_text(get(F_HOLDER)) or None) if state == JobState.ACTIVE else None,
         )
 
 

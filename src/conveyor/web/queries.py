@@ -78,6 +78,7 @@ def job_detail(app: Conveyor, job_id: str) -> dict[str, Any]:
     detail = app.monitor.job_detail(job_id)
     out = info_dict(detail.info)
     out["workflow"], out["args"], out["kwargs"] = detail.workflow, detail.args, detail.kwargs
+    out["running_for"] = detail.running_for
     return out
 
 
