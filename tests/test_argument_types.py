@@ -15,7 +15,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator
 from decimal import Decimal
-from typing import Any, Literal, NamedTuple, TypedDict
+from typing import Annotated, Any, Literal, NamedTuple, TypedDict
 
 import msgspec
 import pytest
@@ -252,3 +252,15 @@ def test_hints_that_cannot_be_resolved_leave_arguments_as_decoded(
         assert task.enqueue(Order(1, PLACED)).result() == {
             "id": 1, "placed": "2026-11-26T09:30:00Z"}
     assert "task later: its type hints cannot be resolved (NameError" in caplog.text
+
+
+def test_constraints_of_annotated_hints_are_checked(app: conveyor.Conveyor) -> None:
+    @app.task(name="count", queue="q")
+    def count(n: Annotated[int, msgspec.Meta(ge=0)]) -> int:
+        return n
+
+    with testing.inline(app):
+        assert count.enqueue(3).result() == 3
+        info = count.enqueue(-1).info()
+    assert (info.state, info.error) == ("dead", "argument 'n' of task 'count': expected"
+                                                " `int` >= 0")

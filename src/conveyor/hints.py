@@ -59,7 +59,8 @@ NO_HINTS = Hints()
 
 def _type(annotation: Any) -> Any:
     """The type to convert to, or None for an annotation that keeps the decoded value."""
-    if annotation in _PASS or isinstance(annotation, typing.TypeVar):
+    # By identity: an annotation object may define == as something else than equality.
+    if any(annotation is kept for kept in _PASS) or isinstance(annotation, typing.TypeVar):
         return None
     return annotation
 
@@ -69,7 +70,8 @@ def hints_of(fn: Callable[..., Any], task: str) -> Hints:
     resolved (a name imported only under ``TYPE_CHECKING``) convert nothing: the task gets
     what was decoded, as when it has no annotations, and a warning says why."""
     try:
-        resolved = typing.get_type_hints(fn)
+        # Annotated[int, msgspec.Meta(ge=0)] keeps its constraints: convert checks them.
+        resolved = typing.get_type_hints(fn, include_extras=True)
         parameters = inspect.signature(fn).parameters.values()
     except Exception as exc:  # NameError, TypeError, ValueError from odd callables
         log.warning("task %s: its type hints cannot be resolved (%s: %s); its arguments"
