@@ -127,3 +127,17 @@ def test_cli_and_dashboard_show_how_long_and_where_a_job_runs(
         assert after["worker"] is None and after["running_for"] is None
     finally:
         app.close()
+
+
+def test_a_lease_handed_back_unstarted_leaves_no_start_behind(app: conveyor.Conveyor) -> None:
+    @app.task(name="plain", queue="q")
+    def plain() -> None:
+        pass
+
+    k = app.keys("q")
+    job = plain.enqueue()
+    [leased] = app.scripts.run(calls.fetch(k, 1, app.limits, worker="w-8")).jobs
+    assert job.info().started_at is not None
+    assert app.scripts.run(calls.release(k, [(leased.short_id, leased.token)])) == 1
+    info = job.info()
+    assert (info.state, info.attempts, info.started_at, info.worker) == ("ready", 0, None, None)

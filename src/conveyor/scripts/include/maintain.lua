@@ -149,8 +149,9 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
       local bad = record_problem(r)
       if bad then
         dead_letter(k, cfg, tally, now, id, r, bad, out)
-      elseif untaken then
+      elseif untaken then  -- nor did its run begin, whatever the lease set started_at to
         back_to_ready(k, id, r, 'attempts', math.max(0, (tonumber(attempts) or 1) - 1))
+        redis.call('HDEL', key, 'started_at')
       elseif (tonumber(attempts) or 1) >= (tonumber(r.max_attempts) or DEFAULT_MAX_ATTEMPTS) then
         dead_letter(k, cfg, tally, now, id, r, err, out)
       else
