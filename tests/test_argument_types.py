@@ -264,3 +264,21 @@ def test_constraints_of_annotated_hints_are_checked(app: conveyor.Conveyor) -> N
         info = count.enqueue(-1).info()
     assert (info.state, info.error) == ("dead", "argument 'n' of task 'count': expected"
                                                 " `int` >= 0")
+
+
+def test_an_argument_of_no_supported_type_fails_at_enqueue_naming_what_is(
+        app: conveyor.Conveyor) -> None:
+    class Opaque:
+        pass
+
+    @app.task(name="takes", queue="q")
+    def takes(x: Any) -> None:
+        pass
+
+    with pytest.raises(conveyor.SerializationError) as caught:
+        takes.enqueue(Opaque())
+    text = str(caught.value)
+    assert "Opaque" in text and "'takes'" in text
+    for name in ("dataclass", "msgspec.Struct", "datetime", "UUID", "Decimal", "bytes",
+                 "set", "tuple", "enum"):  # each a row of the round-trip table
+        assert name in text.split("supported: ", 1)[1]
