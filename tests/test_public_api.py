@@ -2,9 +2,9 @@ import conveyor
 
 EXPECTED = [
     "Advice", "Backlog", "Codec", "ConfigurationError", "Conveyor", "ConveyorError",
-    "DeadLetters", "EncodingError", "Job", "JobCancelled", "JobContext", "JobFailed", "JobInfo",
-    "JobNotFound", "JobOptions", "JobState", "LeaseLost", "Limits", "Monitor", "Node",
-    "NotReplicated", "PartialEnqueue", "PayloadTooLarge", "Queue", "QueueLimits",
+    "DeadLetters", "EncodingError", "Fail", "Job", "JobCancelled", "JobContext", "JobFailed",
+    "JobInfo", "JobNotFound", "JobOptions", "JobState", "LeaseLost", "Limits", "Monitor",
+    "Node", "NotReplicated", "PartialEnqueue", "PayloadTooLarge", "Queue", "QueueLimits",
     "ResultTimeout", "SerializationError", "Snooze", "Stats", "Task", "TaskActivity",
     "TenantLimits", "Timing", "WaitTimeout", "Worker", "Workflow", "WorkflowHandle",
     "WorkflowInfo", "__version__", "chain", "current_job",

@@ -18,7 +18,7 @@ from .errors import ConfigurationError
 from .hooks import Hook
 from .job import Job, JobInfo
 from .scripts import AsyncScriptRunner, ScriptRunner, calls
-from .task import AsyncTask, Task
+from .task import AsyncTask, ExceptionClasses, Task
 from .workflow import Workflow, WorkflowHandle
 from .workflow import batch as _batch
 
@@ -160,6 +160,8 @@ class Conveyor:
         timeout: float | None = None,
         visibility_timeout: float = 30.0,
         idle_threshold: float = 300.0,
+        retry_on: ExceptionClasses | None = None,
+        no_retry_on: ExceptionClasses | None = None,
     ) -> TaskDecorator: ...
 
     def task(
@@ -173,6 +175,8 @@ class Conveyor:
         timeout: float | None = None,
         visibility_timeout: float = 30.0,
         idle_threshold: float = 300.0,
+        retry_on: ExceptionClasses | None = None,
+        no_retry_on: ExceptionClasses | None = None,
     ) -> Any:
         """Register a function (sync or async) as a task.
 
@@ -189,6 +193,11 @@ class Conveyor:
         :param visibility_timeout: lease length in seconds; heartbeats keep it alive while
             the job runs, so it only bounds how soon a dead worker's job runs again
         :param idle_threshold: seconds without a finished job after which the type is idle
+        :param retry_on: exception classes (one, or a tuple) that are retried; any other
+            exception ends the job dead at once
+        :param no_retry_on: exception classes that end the job dead at once; any other is
+            retried (give this or ``retry_on``, not both). Whatever these say, a task that
+            raises :class:`~conveyor.Fail` ends dead at once
         """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -200,7 +209,7 @@ class Conveyor:
             task: Task[Any, Any] = kind(
                 self, func, name=task_name, queue=queue, retries=retries, backoff=backoff,
                 timeout=timeout, visibility_timeout=visibility_timeout,
-                idle_threshold=idle_threshold,
+                idle_threshold=idle_threshold, retry_on=retry_on, no_retry_on=no_retry_on,
             )
             self.tasks[task_name] = task
             return task

@@ -15,6 +15,12 @@ DEFAULT_MAX_PAYLOAD = 1 << 20  # 1 MiB
 
 Format = Literal["json", "msgpack"]
 
+# What msgspec encodes, named in the error of a value it cannot. A worker gives the task
+# each of these as its parameter's annotation says (see conveyor.hints).
+SUPPORTED = ("str, int, float, bool, None, list, tuple, set, frozenset, dict (str, int,"
+             " UUID, ... keys), datetime, date, time, timedelta, UUID, Decimal, bytes,"
+             " bytearray, enum, Literal, dataclass, NamedTuple, TypedDict, msgspec.Struct")
+
 
 class Codec:
     """Encodes task arguments and results, and checks their size.
@@ -53,8 +59,7 @@ class Codec:
         except (TypeError, msgspec.EncodeError, OverflowError) as exc:
             raise SerializationError(
                 f"cannot encode the arguments of task {task!r}: {exc}"
-                " (use JSON-compatible values: str, int, float, bool, None, list, dict,"
-                " datetime, UUID, msgspec.Struct, dataclass)"
+                f" (supported: {SUPPORTED})"
             ) from exc
         if len(data) > self.max_payload:
             raise PayloadTooLarge(
@@ -96,7 +101,9 @@ class Codec:
         try:
             return self._encoder.encode(value)
         except (TypeError, msgspec.EncodeError, OverflowError) as exc:
-            raise SerializationError(f"cannot encode the task's return value: {exc}") from exc
+            raise SerializationError(
+                f"cannot encode the task's return value: {exc} (supported: {SUPPORTED})"
+            ) from exc
 
     def decode_result(self, data: bytes | None) -> Any:
         """Decode a stored result; ``None`` when there is none."""

@@ -16,7 +16,8 @@ Every error a user may want to catch derives from :class:`ConveyorError`::
     ├── LeaseLost                            a running job's step was refused: this run
     │                                        lost its lease or is being cancelled
     ├── WaitTimeout (TimeoutError)           ``ctx.wait_for`` got no signal in time
-    └── Snooze                               raised by a task: run me again later
+    ├── Snooze                               raised by a task: run me again later
+    └── Fail                                 raised by a task: dead now, no retry
 """
 
 from __future__ import annotations
@@ -140,3 +141,18 @@ class Snooze(ConveyorError):
             raise ValueError(f"Snooze needs seconds >= 0, got {seconds!r}")
         super().__init__(f"snoozed for {seconds:g} s")
         self.seconds = seconds
+
+
+class Fail(ConveyorError):
+    """Raise inside a task to end its job dead at once, whatever attempts are left: a
+    failure that no retry can mend (a card declined, an order that no longer exists). The
+    job's error is ``reason``, and ``on_dead`` callbacks run as for any dead job.
+
+    :param reason: why the job cannot succeed, stored as its error
+    """
+
+    def __init__(self, reason: str) -> None:
+        if not isinstance(reason, str) or not reason:
+            raise TypeError(f"Fail needs a reason: a non-empty string, got {reason!r}")
+        super().__init__(reason)
+        self.reason = reason

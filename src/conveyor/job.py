@@ -17,6 +17,7 @@ from . import record as record_fields
 from ._async.poll import poll as apoll
 from ._sync.poll import poll
 from .errors import EncodingError, JobCancelled, JobFailed, JobNotFound
+from .hints import convert_result
 from .scripts import calls
 from .untrusted import integer as _int
 from .untrusted import number as _time
@@ -25,6 +26,7 @@ from .untrusted import text as _text
 F_TASK, F_STATE = record_fields.TASK.encode(), record_fields.STATE.encode()
 F_ENQUEUED = record_fields.ENQUEUED_MS.encode()
 F_PRIORITY, F_MAX_ATTEMPTS = record_fields.PRIORITY.encode(), record_fields.MAX_ATTEMPTS.encode()
+F_HOLDER = record_fields.HOLDER.encode()
 
 if TYPE_CHECKING:
     from .app import Conveyor
@@ -72,7 +74,10 @@ class JobInfo:
 
     ``wait_time`` is ``started_at - max(enqueued_at, run_at)`` (time spent prefetched counts
     as waiting); ``run_time`` is ``finished_at - started_at``; ``attempts`` counts runs
-    started, including runs lost with a dead worker.
+    started, including runs lost with a dead worker. While the job is active,
+    ``started_at`` is when its worker leased it (a worker leases only for free slots, so the
+    run begins then) and ``worker`` is that worker's id; once the run ends, ``started_at``
+    is when the function began and ``worker`` is None.
     """
 
     id: str
@@ -94,6 +99,7 @@ class JobInfo:
     progress: float | None = None  # 0-1, as the running task last reported it
     progress_note: str | None = None
     waiting_for: str | None = None  # a durable wait's: "signal 'approved' until ...", ...
+    worker: str | None = None  # the id of the worker holding the job, while it is active
 
     @classmethod
     def from_record(
@@ -112,14 +118,12 @@ class JobInfo:
         if started_at is not None and finished_at is not None and state != JobState.ACTIVE:
             run_time = max(0.0, finished_at - started_at)
         result: Any = None
+        task = _text(get(F_TASK)) or ""
         if state == JobState.SUCCEEDED:
-            try:
-                result = app.codec.decode_result(get(b"result"))
-            except (EncodingError, RecursionError, ValueError) as exc:
-                result = f"<undecodable result: {type(exc).__name__}: {exc}>"
+            result = _result(app, task, get(b"result"))
         return cls(
             id=keyspace.job_id(queue, short_id),
-            task=_text(get(F_TASK)) or "",
+            task=task,
             queue=queue,
             tenant=_text(get(b"tenant")) or None,
             priority=_int(get(F_PRIORITY), record_fields.DEFAULT_PRIORITY),
@@ -137,6 +141,7 @@ class JobInfo:
             progress=_fraction(get(b"progress")),
             progress_note=_text(get(b"progress_note")) or None,
             waiting_for=_waiting_for(_text(get(b"wt"))),
+            worker=(_text(get(F_HOLDER)) or None) if state == JobState.ACTIVE else None,
         )
 
 
@@ -159,6 +164,17 @@ def _waiting_for(wt: str | None) -> str | None:
     if kind == "child":
         return f"child {name} ({child})"
     return f"signal {name!r}" + ("" if until == "-" else f" until {_utc(until)}")
+
+
+def _result(app: Conveyor, task: str, raw: bytes | None) -> Any:
+    """A stored result, decoded, and converted to its task's return annotation when the
+    task is registered in ``app``."""
+    try:
+        value = app.codec.decode_result(raw)
+    except (EncodingError, RecursionError, ValueError) as exc:
+        return f"<undecodable result: {type(exc).__name__}: {exc}>"
+    registered = app.tasks.get(task)
+    return value if registered is None else convert_result(registered.hints, value)
 
 
 def _cancel_text(reason: str | None) -> str:

@@ -17,6 +17,9 @@ ENQUEUED_MS = "e"  # when it was enqueued, epoch milliseconds (server clock)
 PRIORITY = "p"  # absent: DEFAULT_PRIORITY
 MAX_ATTEMPTS = "m"  # absent: DEFAULT_MAX_ATTEMPTS
 VISIBILITY_MS = "v"  # absent: DEFAULT_VISIBILITY_MS
+# The id of the worker that leased the job (set by every lease, never cleared): it holds
+# the job only while the state is active.
+HOLDER = "w"
 
 DEFAULT_PRIORITY = 5
 DEFAULT_MAX_ATTEMPTS = 4

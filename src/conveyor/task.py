@@ -9,6 +9,7 @@ producer's are.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import random
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Self, TypeVar
 
 from . import keys as keyspace
 from . import producer
-from .errors import ConfigurationError
+from .errors import ConfigurationError, Fail
+from .hints import Hints, hints_of
 from .job import Job
 from .producer import new_short_id as new_short_id  # made by the producer; named here too
 from .producer import new_short_ids as new_short_ids
@@ -29,6 +31,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 MAX_RETRY_DELAY = 3600.0
+
+# What ``retry_on=`` and ``no_retry_on=`` take: an exception class or a tuple of them.
+ExceptionClasses = type[BaseException] | tuple[type[BaseException], ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,6 +160,8 @@ class Task(Generic[P, R]):
         visibility_timeout: float,
         idle_threshold: float,
         job_options: JobOptions | None = None,
+        retry_on: ExceptionClasses | None = None,
+        no_retry_on: ExceptionClasses | None = None,
     ) -> None:
         if retries < 0:
             raise ConfigurationError(f"task {name!r}: retries must be >= 0, got {retries}")
@@ -177,6 +184,11 @@ class Task(Generic[P, R]):
         self.visibility_timeout = visibility_timeout
         self.idle_threshold = idle_threshold
         self.job_options = job_options or JobOptions()
+        if retry_on is not None and no_retry_on is not None:
+            raise ConfigurationError(
+                f"task {name!r}: give either retry_on= or no_retry_on=, not both")
+        self.retry_on = _exception_classes(name, "retry_on", retry_on)
+        self.no_retry_on = _exception_classes(name, "no_retry_on", no_retry_on)
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
@@ -188,6 +200,12 @@ class Task(Generic[P, R]):
         result: R = self.fn(*args, **kwargs)
         return result
 
+    @functools.cached_property
+    def hints(self) -> Hints:
+        """The types its jobs' arguments and result are converted to on decoding (see
+        :mod:`conveyor.hints`): read at the first job, once every name they use exists."""
+        return hints_of(self.fn, self.name)
+
     @property
     def max_attempts(self) -> int:
         return self.retries + 1
@@ -196,6 +214,16 @@ class Task(Generic[P, R]):
         """Seconds before the next attempt: exponential in ``attempts``, jittered, capped."""
         exp = float(self.backoff) * 2.0 ** max(0, attempts - 1)
         return min(MAX_RETRY_DELAY, exp) * random.uniform(0.5, 1.0)
+
+    def retries_after(self, exc: BaseException) -> bool:
+        """Whether a run that raised ``exc`` may be retried (attempts allowing): never
+        after :class:`~conveyor.Fail`; with ``retry_on``, only after those classes (and
+        their subclasses); with ``no_retry_on``, after anything but those."""
+        if isinstance(exc, Fail):
+            return False
+        if self.retry_on is not None:
+            return isinstance(exc, self.retry_on)
+        return self.no_retry_on is None or not isinstance(exc, self.no_retry_on)
 
     def options(self, **changes: Any) -> Self:
         """A copy of this task whose jobs are enqueued with other options.
@@ -238,6 +266,24 @@ class Task(Generic[P, R]):
         """Async twin of :meth:`enqueue_many`."""
         arguments = [_arguments(item) for item in items]
         return await producer.aenqueue(self, arguments) if arguments else []
+
+
+def _exception_classes(task: str, option: str, value: ExceptionClasses | None
+                       ) -> tuple[type[BaseException], ...] | None:
+    """``retry_on``/``no_retry_on`` as a tuple of exception classes (None: not given).
+
+    :raises TypeError: an entry is no exception class (an instance, a string, ...)
+    """
+    if value is None:
+        return None
+    classes = value if isinstance(value, tuple) else (value,)
+    for entry in classes:
+        if not (isinstance(entry, type) and issubclass(entry, BaseException)):
+            raise TypeError(
+                f"task {task!r}: {option} takes exception classes (e.g. ({option}="
+                f"(TimeoutError, ConnectionError)), got {entry!r}"
+            )
+    return classes
 
 
 def _arguments(item: Any) -> producer.Arguments:

@@ -7,11 +7,12 @@
 
 :func:`inline` keeps what matters for a test of a task and drops what needs a server:
 arguments and results go through the app's real encoder (an argument that would fail
-at ``enqueue`` fails here too), a failing task is retried at once up to its ``retries``
-(no backoff sleeps) and then goes dead (``result()`` raises :class:`~conveyor.JobFailed`,
-``on_dead`` callbacks run), and jobs a task enqueues run as well, depth first. Job
-options (``delay``, ``priority``, ``tenant``, ``key``) are accepted and not acted on:
-every job runs at once.
+at ``enqueue`` fails here too) and are converted to the task's type hints as on a worker;
+a failing task is retried at once up to its ``retries`` (no backoff sleeps; ``retry_on``,
+``no_retry_on`` and :class:`~conveyor.Fail` apply) and then goes dead (``result()``
+raises :class:`~conveyor.JobFailed`, ``on_dead`` callbacks run); and jobs a task enqueues
+run as well, depth first. Job options (``delay``, ``priority``, ``tenant``, ``key``) are
+accepted and not acted on: every job runs at once.
 
 :func:`drain` runs the app's real worker in this process until no job is ready, and
 returns what it ran. :func:`isolated` gives a test its own key namespace on a shared
@@ -31,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import hooks
 from . import keys as keyspace
+from .errors import Fail
+from .hints import ArgumentMismatch, convert_arguments
 from .job import JobInfo
 from .producer import RedisSender, Sent
 from .record import ARGS, ENQUEUED_MS, MAX_ATTEMPTS, PRIORITY, STATE, TASK
@@ -138,7 +141,10 @@ class InlineRunner:
         if task is None:
             self._dead(queue, short_id, f"unknown task {name!r}")
             return
-        args, kwargs = self.app.codec.decode_args(payload)
+        arguments = self._arguments(queue, short_id, task, payload)
+        if arguments is None:
+            return
+        args, kwargs = arguments
         for attempt in range(1, task.max_attempts + 1):
             self._start(queue, short_id, attempt)
             try:
@@ -152,7 +158,10 @@ class InlineRunner:
 
     async def _arun(self, queue: str, task: Task[Any, Any], short_id: str, payload: bytes
                     ) -> None:
-        args, kwargs = self.app.codec.decode_args(payload)
+        arguments = self._arguments(queue, short_id, task, payload)
+        if arguments is None:
+            return
+        args, kwargs = arguments
         for attempt in range(1, task.max_attempts + 1):
             self._start(queue, short_id, attempt)
             try:
@@ -163,6 +172,18 @@ class InlineRunner:
             except Exception as exc:
                 if self._failed(queue, short_id, task, attempt, exc):
                     return
+
+    def _arguments(self, queue: str, short_id: str, task: Task[Any, Any], payload: bytes
+                   ) -> tuple[list[Any], dict[str, Any]] | None:
+        """The job's arguments converted to the task's type hints, as a worker converts
+        them; None when one does not fit (the job is dead then, as on a worker)."""
+        args, kwargs = self.app.codec.decode_args(payload)
+        try:
+            return convert_arguments(task.hints, task.name, args, kwargs)
+        except ArgumentMismatch as exc:
+            self._start(queue, short_id, 1)
+            self._dead(queue, short_id, str(exc))
+            return None
 
     def _hooks(self, task: Task[Any, Any], queue: str, short_id: str, attempt: int,
                payload: bytes) -> AbstractContextManager[None]:
@@ -183,10 +204,11 @@ class InlineRunner:
         """Record a failed attempt; True when it was the last one (the job is dead)."""
         from .worker.executor import describe
 
-        if attempt < task.max_attempts:
-            self._update(queue, short_id, state="retrying", error=describe(exc))
+        error = exc.reason if isinstance(exc, Fail) else describe(exc)
+        if attempt < task.max_attempts and task.retries_after(exc):
+            self._update(queue, short_id, state="retrying", error=error)
             return False
-        self._dead(queue, short_id, describe(exc))
+        self._dead(queue, short_id, error)
         return True
 
     def _dead(self, queue: str, short_id: str, error: str) -> None:

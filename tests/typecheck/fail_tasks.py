@@ -21,6 +21,11 @@ async def send_email(user_id: int, template: str) -> bool:
     return True
 
 
+@app.task(retry_on=("TimeoutError",))  # error
+def misconfigured() -> None:
+    return None
+
+
 def wrong() -> None:
     add.enqueue("1", 2)  # error
     add.enqueue(1)  # error

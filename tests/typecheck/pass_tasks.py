@@ -28,6 +28,16 @@ def report() -> dict[str, int]:
     return {}
 
 
+@app.task(retries=5, retry_on=(TimeoutError, ConnectionError))
+def fetch_rates(day: str) -> float:
+    raise conveyor.Fail("no rates for " + day)
+
+
+@app.task(retries=5, no_retry_on=ValueError)
+async def import_row(row: dict[str, str]) -> None:
+    return None
+
+
 def sync_side() -> None:
     task: conveyor.Task[[int, int], int] = add
     same: conveyor.Task[[int, int], int] = add.options(priority=9)
@@ -42,6 +52,8 @@ def sync_side() -> None:
     assert_type(send_email.enqueue(7), conveyor.Job[bool])
     assert_type(send_email.enqueue(7, template="reset").result(), bool)
     assert_type(report.enqueue().result(), dict[str, int])
+    assert_type(fetch_rates.enqueue("2026-11-26").result(), float)
+    assert_type(import_row.enqueue({"a": "b"}), conveyor.Job[None])
     assert_type(app.job("default~abc"), conveyor.Job[Any])
     with testing.inline(app):
         assert_type(add.enqueue(1, 2).result(), int)

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..app import Conveyor
+from ..clock import server_now
 from ..errors import JobNotFound
 from ..job import JobInfo
 from .base import app_options, main
@@ -60,6 +61,9 @@ def job(app: Conveyor, job_id: str, as_json: bool) -> None:
         table.add_row("progress", f"{info.progress:.0%}{note}")
     for name in ("enqueued_at", "run_at", "started_at", "finished_at"):
         table.add_row(name, when(getattr(info, name)))
+    if info.worker is not None and info.started_at is not None:  # active, held by a worker
+        running = max(0.0, server_now(app.redis) - info.started_at)
+        table.add_row("running", f"for {seconds(running)} on worker {info.worker}")
     table.add_row("wait_time", seconds(info.wait_time))
     table.add_row("run_time", seconds(info.run_time))
     if info.error:

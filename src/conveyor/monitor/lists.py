@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import untrusted
+from ..clock import server_now
 from ..errors import EncodingError
 from ..job import JobInfo
 from ..record import ARGS
@@ -164,6 +165,7 @@ class JobDetail:
     args: list[Any] | str  # a str says why the arguments could not be decoded
     kwargs: dict[str, Any]
     workflow: str | None  # the workflow's id, when the job is one of its nodes
+    running_for: float | None = None  # seconds since its run started, while a worker holds it
 
 
 def read_job_detail(app: Conveyor, job_id: str) -> JobDetail:
@@ -178,8 +180,11 @@ def read_job_detail(app: Conveyor, job_id: str) -> JobDetail:
         app.redis.hgetall(app.keys(job.queue).job(job.short_id))
     info = job._info(record)
     workflow = untrusted.text(record.get(b"wf")) or None
+    running_for = None
+    if info.worker is not None and info.started_at is not None:  # held: read the clock too
+        running_for = max(0.0, server_now(app.redis) - info.started_at)
     try:
         args, kwargs = app.codec.decode_args(record.get(ARGS.encode()) or b"")
-        return JobDetail(info, list(args), dict(kwargs), workflow)
+        return JobDetail(info, list(args), dict(kwargs), workflow, running_for)
     except EncodingError as exc:
-        return JobDetail(info, f"<undecodable arguments: {exc}>", {}, workflow)
+        return JobDetail(info, f"<undecodable arguments: {exc}>", {}, workflow, running_for)

@@ -36,10 +36,11 @@
 -- A.bucket_seconds        width of a metric bucket
 -- A.bucket_ttl            lifetime of a metric bucket (s)
 -- A.nonce                 random text of this call, part of every token it hands out
--- A.worker                '' or the worker's id: its registration as a waiter
---                         (include/handoff.lua) is replaced, offering the slots this call
---                         leaves free (count - jobs leased), or removed when none are
--- A.waiter_ttl_ms         how long that registration holds
+-- A.worker                '' or the worker's id: named on each job it leases (include/
+--                         lease.lua); with A.waiter_ttl_ms > 0 its registration as a waiter
+--                         (include/handoff.lua) is replaced too, offering the slots this
+--                         call leaves free (count - jobs leased), or removed when none are
+-- A.waiter_ttl_ms         how long that registration holds; 0 leaves registrations alone
 -- Limits (flow.lua) are decided here, atomically with priorities and tenant turns; the next
 -- due time includes when a parked tenant or the queue's bucket has a token again.
 -- Returns: { now_ms, next_due_ms ('' if none), dead short ids (lost leases, bad records),
@@ -87,7 +88,7 @@ local out = { dead = {}, trimmed = {} }
 reclaim_expired(K, now, 100, cfg, tally, out)
 promote_due(K, now, 1000, cfg, tally, out)
 
-local acc = new_lease_batch()
+local acc = new_lease_batch(A.worker)
 local take = lease_taker(K, cfg, tally, out, now, want, nonce, acc)
 local taken, refill, lim, held = 0, nil, nil, false
 if redis.call('EXISTS', K.paused) == 0 then

@@ -50,6 +50,8 @@ for i = 0, n - 1 do
     if reason ~= '' then
       redis.call('HSET', key, 'error', reason)
       add_count(key, 'interruptions', 1)
+    else  -- the lease set started_at (include/lease.lua) for a run that never began
+      redis.call('HDEL', key, 'started_at')
     end
     redis.call('ZREM', leases, id)
     release_active(active, f[3] or '')

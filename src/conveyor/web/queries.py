@@ -83,6 +83,7 @@ def job_detail(app: Conveyor, job_id: str) -> dict[str, Any]:
     out = info_dict(detail.info)
     out["workflow"], out["args"], out["kwargs"] = detail.workflow, detail.args, detail.kwargs
     out["waiting_signal"] = _signal_name(detail.info.waiting_for)
+    out["running_for"] = detail.running_for
     return out
 
 

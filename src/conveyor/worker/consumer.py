@@ -159,9 +159,9 @@ class Consumer:
         if doubt is not None:
             call, want = doubt.call, doubt.carried
         else:
+            ttl = WAITER_TTL_MS if self._waiting.enabled else 0  # 0: registers nothing
             call, want = calls.fetch(self._keys(queue), free, self._limits,
-                                     worker=self._worker_id if self._waiting.enabled else "",
-                                     waiter_ttl_ms=WAITER_TTL_MS), free
+                                     worker=self._worker_id, waiter_ttl_ms=ttl), free
         fetched: calls.Fetched = await self._fetches.send(self._runner, queue, call, want)
         return fetched, want
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from .. import hooks
 from ..clock import ServerClock
 from ..context import JobContext, enter, leave
-from ..errors import Snooze
+from ..errors import Fail, LeaseLost, Snooze
+from ..hints import ArgumentMismatch, convert_arguments
 from ..scripts.calls import Leased, Outcome
 from ..waits import Suspended
 from .threads import ThreadRunner
@@ -119,16 +120,25 @@ class Executor:
                        held.started_at or self.clock.now(), reason)
 
     def _decode(self, held: Held) -> tuple[list[Any], dict[str, Any]] | Outcome:
-        """The job's arguments, or the dead outcome that a job with none usable gets."""
+        """The job's arguments, converted to the task's type hints, or the dead outcome
+        that a job with none usable gets."""
         leased = held.leased
         if leased.problem:
             return self._dead(held, leased.problem)
-        if self.app.tasks.get(leased.task) is None:
+        task = self.app.tasks.get(leased.task)
+        if task is None:
             return self._dead(held, f"unknown task {leased.task!r}")
         try:
-            return self.app.codec.decode_args(leased.args)
+            args, kwargs = self.app.codec.decode_args(leased.args)
         except Exception as exc:  # EncodingError, or RecursionError from deep nesting
             return self._dead(held, f"corrupt payload: {describe(exc)}")
+        # An argument that does not fit its annotation fails the same way every attempt.
+        try:
+            return convert_arguments(task.hints, task.name, args, kwargs)
+        except ArgumentMismatch as exc:
+            return self._dead(held, str(exc))
+        except Exception as exc:  # RecursionError from deep nesting
+            return self._dead(held, f"arguments could not be converted: {describe(exc)}")
 
     async def run(self, held: Held) -> Outcome | None:
         """Run ``held`` to an outcome (None: it was withdrawn before it started)."""
@@ -149,13 +159,13 @@ class Executor:
         except Suspended:
             return self._suspend(held)
         except _Overran:
-            return self._retry(held, task, f"timeout: the task ran longer than {task.timeout} s")
-        except asyncio.CancelledError:
+            return self._timed_out(held, task)
+        except asyncio.CancelledError as exc:
             if _cancelled_from_outside():
                 raise
-            return self._retry(held, task, "CancelledError raised by the task")
+            return self._failed(held, task, exc, "CancelledError raised by the task")
         except BaseException as exc:  # SystemExit and the like end this attempt, not the worker
-            return self._retry(held, task, describe(exc))
+            return self._failed(held, task, exc)
 
     @staticmethod
     async def _call(task: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -236,7 +246,7 @@ class Executor:
             return self._suspend(held)
         except BaseException as exc:  # whatever the task raises ends in an outcome
             try:
-                return self._retry(held, task, describe(exc))
+                return self._failed(held, task, exc)
             except BaseException:
                 return self._dead(held, f"{type(exc).__name__} (could not be recorded)")
 
@@ -263,7 +273,7 @@ class Executor:
             " (%d thread(s) stuck now): %s", task.name, held.leased.short_id,
             task.timeout, len(self.stuck), remedy,
         )
-        done(held, self._retry(held, task, f"timeout: the task ran longer than {task.timeout} s"))
+        done(held, self._timed_out(held, task))
 
     def cancelled(self, held: Held) -> Outcome:
         """The outcome that ends a run someone cancelled. A sync run still on its thread
@@ -283,6 +293,24 @@ class Executor:
         """The run reached a durable wait that is not over (``conveyor.waits``)."""
         return Outcome(held.leased.short_id, held.leased.token, "suspend",
                        held.started_at or self.clock.now(), "")
+
+    def _failed(self, held: Held, task: Any, exc: BaseException, error: str | None = None
+                ) -> Outcome:
+        """The outcome of a run that raised ``exc``: a retry, or dead at once when the
+        task's retry policy refuses it (``Fail``, ``retry_on``, ``no_retry_on``). A run
+        that lost its lease is left to the retry path: its outcome is refused anyway."""
+        if isinstance(exc, Fail):
+            return self._dead(held, exc.reason)
+        text = describe(exc) if error is None else error
+        if isinstance(exc, LeaseLost) or task.retries_after(exc):
+            return self._retry(held, task, text)
+        return self._dead(held, text)
+
+    def _timed_out(self, held: Held, task: Any) -> Outcome:
+        """A run past the task's timeout fails as a ``TimeoutError`` would, so that
+        ``retry_on=(TimeoutError,)`` retries it."""
+        text = f"timeout: the task ran longer than {task.timeout} s"
+        return self._failed(held, task, TimeoutError(text), text)
 
     def _retry(self, held: Held, task: Any, error: str) -> Outcome:
         delay = task.retry_delay(held.leased.attempts)

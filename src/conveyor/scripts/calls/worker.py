@@ -169,8 +169,9 @@ def fetch(
     k: QueueKeys, count: int, limits: Limits, now: float | None = None, worker: str = "",
     waiter_ttl_ms: int = 0,
 ) -> ScriptCall[Fetched]:
-    """Lease up to ``count`` jobs (after promotion and lease reclaim). With a ``worker``
-    id, the worker's registration as a waiter of the queue is replaced: the slots the fetch
+    """Lease up to ``count`` jobs (after promotion and lease reclaim). A ``worker`` id is
+    named on each leased record (``JobInfo.worker``); with ``waiter_ttl_ms`` > 0 as well,
+    the worker's registration as a waiter of the queue is replaced: the slots the fetch
     left free are offered to the next enqueue (``Fetched.offered``), or none."""
     fixed = FetchArgv(_now(now), count, limits.dead_cap, limits.events_maxlen,
                       limits.bucket_seconds, limits.bucket_ttl, _nonce(), worker, waiter_ttl_ms)

@@ -31,8 +31,8 @@ end
 -- A worker's registration after its fetch: the slots it offered are being filled, so it
 -- now offers those the fetch left free, if any.
 local function renew_waiter(k, worker, slots, nonce, now, ttl_ms)
-  if worker == '' then return end
-  if slots > 0 and ttl_ms and ttl_ms > 0 then
+  if worker == '' or not ttl_ms or ttl_ms <= 0 then return end  -- a worker not waiting
+  if slots > 0 then
     offer_slots(k, worker, slots, nonce, now, ttl_ms)
   else
     drop_waiter(k, worker)

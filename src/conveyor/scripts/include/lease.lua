@@ -5,12 +5,15 @@
 --@include metrics
 --@include records
 
--- handed_to: the worker an enqueue hands these leases to (include/handoff.lua), or nil
--- for a fetch. The record of a job handed over names that worker in its 'handed' field,
--- so that a lease it never took is told apart when it expires (include/maintain.lua).
-local function new_lease_batch(handed_to)
+-- holder: the id of the worker that fetched these leases, or that an enqueue hands them to
+-- (include/handoff.lua); '' when the caller named none. A leased record names its holder
+-- in the one short field 'w' (read only while the job is active: JobInfo.worker), so that
+-- a lease its worker never took off a hand-off list is told apart when it expires
+-- (include/maintain.lua). 'started_at' is set too, so that a running job shows since when
+-- it runs; the run's finish writes the time its function really began.
+local function new_lease_batch(holder)
   return { jobs = {}, leases = {}, active = {}, by_tenant = {}, popped_ready = 0,
-    token_base = 0, tokens_left = 0, handed_to = handed_to }
+    token_base = 0, tokens_left = 0, holder = holder or '' }
 end
 
 -- Lease one ready job: a fresh token, the record active, its deadline, and its fields in
@@ -24,11 +27,12 @@ local function grant(k, acc, now, want, nonce, id, key, f)
   local attempts = (tonumber(f[3]) or 0) + 1
   local token = string.format('%d', acc.token_base) .. '.' .. nonce
   local vt = tonumber(f[5]) or DEFAULT_VT
-  if acc.handed_to then
-    redis.call('HSET', key, 's', 'active', 'attempts', attempts, 'token', token, 'handed',
-      acc.handed_to)
+  if acc.holder ~= '' then
+    redis.call('HSET', key, 's', 'active', 'attempts', attempts, 'token', token, 'w',
+      acc.holder, 'started_at', string.format('%.3f', now / 1000))
   else
-    redis.call('HSET', key, 's', 'active', 'attempts', attempts, 'token', token)
+    redis.call('HSET', key, 's', 'active', 'attempts', attempts, 'token', token,
+      'started_at', string.format('%.3f', now / 1000))
   end
   local leases, nl = acc.leases, #acc.leases
   leases[nl + 1], leases[nl + 2] = now + vt, id

@@ -103,14 +103,14 @@ local function reclaim_mangled(k, now, cfg, tally, id, r, out)
 end
 
 -- Whether the lease of the job under `key` was handed to an idle worker by an enqueue
--- (include/handoff.lua) that never took it: the entry carrying its token is still on that
--- worker's hand-off list (the worker died or stopped before its pop). Such a lease used no
+-- (include/handoff.lua) that never took it: the entry carrying its token is still on the
+-- hand-off list of the worker its record names (field 'w') (the worker died or stopped before its pop). Such a lease used no
 -- attempt. The list is named as keys.py names it, from the queue's hash tag.
 -- The entry leaves the list: a worker that was only slow (its pop held up on the way) must
 -- not pop it later and run the job under a lease the refund ended. Other jobs of that
 -- entry, reclaimed later, are then charged as leases that were taken.
 local function never_taken(k, key)
-  local f = redis.call('HMGET', key, 'handed', 'token')
+  local f = redis.call('HMGET', key, 'w', 'token')
   local worker, token = f[1], f[2]
   if not worker or not token or token == '' then return false end
   local list = string.match(k.job_prefix, '^{[^}]*}') .. ':handoff:' .. worker
@@ -160,8 +160,9 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
       local bad = record_problem(r)
       if bad then
         dead_letter(k, cfg, tally, now, id, r, bad, out)
-      elseif untaken then
+      elseif untaken then  -- nor did its run begin, whatever the lease set started_at to
         back_to_ready(k, id, r, 'attempts', math.max(0, (tonumber(attempts) or 1) - 1))
+        redis.call('HDEL', key, 'started_at')
       elseif (tonumber(attempts) or 1) >= (tonumber(r.max_attempts) or DEFAULT_MAX_ATTEMPTS) then
         dead_letter(k, cfg, tally, now, id, r, err, out)
       else
