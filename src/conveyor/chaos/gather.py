@@ -12,15 +12,16 @@ from ..job import Job
 from ..keys import QueueKeys
 from ..record import STATE, TASK
 from .invariants import FINAL, Counters, JobRecord
-from .tasks import LEDGER_KEY, LedgerEntry, parse_entry
+from .tasks import LEDGER_KEY, SIGNAL, LedgerEntry, parse_entry
 
 __all__ = ["counters", "job_records", "ledger_entries", "states", "stray_records",
            "successes"]
 
 CHUNK = 2000
 # Record fields counting attempts given back for runs that started: a stopping worker's
-# hand-back of a running job (release.lua), a snooze (finish.lua).
-REFUNDS = ("interruptions", "snoozes")
+# hand-back of a running job (release.lua), a snooze, a suspension at a durable wait
+# (finish.lua; the last one apart, as it is no lost lease).
+REFUNDS = ("interruptions", "snoozes", "suspends")
 
 
 def _text(value: Any) -> str | None:
@@ -72,13 +73,14 @@ def job_records(client: Any, keys: Callable[[str], QueueKeys],
         with client.pipeline(transaction=False) as pipe:
             for _, (_, job) in part:
                 pipe.hmget(keys(job.queue).job(job.short_id), STATE, "attempts", "error",
-                           *REFUNDS)
+                           "sig:" + SIGNAL, "w:" + SIGNAL, *REFUNDS)
             replies = pipe.execute()
-        for (label, (kind, job)), (state, attempts, error, *refunds) in zip(part, replies,
-                                                                           strict=True):
+        for (label, (kind, job)), (state, attempts, error, left, taken, *refunds) in zip(
+                part, replies, strict=True):
             out.append(JobRecord(label, kind, job.id, _text(state), int(attempts or 0),
                                  _text(error), wins[job.queue][job.short_id],
-                                 sum(int(n or 0) for n in refunds)))
+                                 sum(int(n or 0) for n in refunds), int(refunds[-1] or 0),
+                                 left is not None, taken is not None))
     return out
 
 
@@ -86,19 +88,23 @@ def _scan(client: Any, pattern: str) -> list[str]:
     return [_text(k) or "" for k in client.scan_iter(match=pattern, count=1000)]
 
 
-def stray_records(client: Any, keys: QueueKeys, known: set[str]) -> tuple[list[str], int]:
+def stray_records(client: Any, keys: QueueKeys, known: set[str],
+                  children: Counter[str] | None = None) -> tuple[list[str], int]:
     """Unfinished records of jobs the run does not know (an enqueue that raised may still
-    have stored its jobs), and how many records of any job are dead."""
+    have stored its jobs), and how many records of any job are dead; ``children`` counts
+    the child jobs of durable waits per parent job id."""
     names = _scan(client, keys.job_prefix + "*")
     stray, dead = [], 0
     for part in _chunks(names):
         with client.pipeline(transaction=False) as pipe:
             for name in part:
-                pipe.hget(name, STATE)
-            found = [_text(s) for s in pipe.execute()]
-        for name, state in zip(part, found, strict=True):
+                pipe.hmget(name, STATE, "pw")
+            found = [(_text(s), _text(p)) for s, p in pipe.execute()]
+        for name, (state, parent) in zip(part, found, strict=True):
             dead += state == "dead"
             short = name[len(keys.job_prefix):]
+            if parent and children is not None:
+                children[parent] += 1
             if short not in known and state not in FINAL:
                 stray.append(f"{short} {state}")
     return stray, dead

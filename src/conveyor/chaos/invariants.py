@@ -19,7 +19,10 @@ The promises (DESIGN §5):
   back, which leaves no trace: its lease and its refund cancel out;
 * the counters (ready, active per task, dead letters, the limits' running counts) equal
   what the records say;
-* a workflow's job never starts before each of its parents completed a run.
+* a workflow's job never starts before each of its parents completed a run;
+* durable waits: every wait job resumes with its own signal and its own child's result,
+  no signal is consumed twice or left unconsumed, and no child is stored twice for one
+  wait. A run that suspends is no re-execution: its attempt is given back (``suspends``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .faults import Fault
-from .tasks import LedgerEntry
+from .tasks import WORK_KINDS, LedgerEntry
 
 __all__ = ["Check", "Counters", "Evidence", "JobRecord", "Summary", "check"]
 
@@ -61,6 +64,9 @@ class JobRecord:
     error: str | None
     successes: int
     refunds: int = 0
+    suspends: int = 0  # of the refunds: runs that suspended at a durable wait
+    signal_left: bool = False  # a signal kept in the mailbox, never consumed
+    signal_taken: bool = False  # the wait for the signal has its outcome recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,7 @@ class Evidence:
     cancel_unknown: set[str] = field(default_factory=set)  # labels whose cancel() raised
     stray: list[str] = field(default_factory=list)  # other unfinished records: "id state"
     edges: list[tuple[str, str]] = field(default_factory=list)  # workflow (parent, child)
+    children: dict[str, int] = field(default_factory=dict)  # parent job id -> child records
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +153,7 @@ def _overlaps(ledger: list[LedgerEntry]) -> list[str]:
     open_runs: Counter[tuple[str, int]] = Counter()
     bad = []
     for e in ledger:
-        if e.kind != "work":
+        if e.kind not in WORK_KINDS:
             continue  # a hung poison run's thread outlives its attempt by design
         key = (e.label, e.pid)
         if e.phase == "start":
@@ -181,10 +188,10 @@ def _descendants(edges: Iterable[tuple[str, str]], roots: set[str]) -> set[str]:
 def _outcomes(ev: Evidence) -> list[Check]:
     unfinished = [_describe(j) for j in ev.jobs if j.state not in FINAL]
     dead_work = [f"{_describe(j)}: {j.error}" for j in ev.jobs
-                 if j.state == "dead" and j.kind == "work"]
+                 if j.state == "dead" and j.kind in WORK_KINDS]
     no_reason = [_describe(j) for j in ev.jobs if j.state == "dead" and not j.error]
     alive_poison = [_describe(j) for j in ev.jobs
-                    if j.kind != "work" and j.state in FINAL and j.state != "dead"]
+                    if j.kind not in WORK_KINDS and j.state in FINAL and j.state != "dead"]
     cancelled = ev.cancelled | _descendants(ev.edges, ev.cancelled)
     unknown = ev.cancel_unknown | _descendants(ev.edges, ev.cancel_unknown)
     wrong_cancel = [_describe(j) for j in ev.jobs
@@ -197,7 +204,7 @@ def _outcomes(ev: Evidence) -> list[Check]:
         _verdict("only poison jobs end dead", dead_work, "none of the work jobs died"),
         _verdict("every dead job has a reason", no_reason, "all have one"),
         _verdict("every poison job ends dead", alive_poison,
-                 f"{sum(j.kind != 'work' for j in ev.jobs)} poison jobs dead"),
+                 f"{sum(j.kind not in WORK_KINDS for j in ev.jobs)} poison jobs dead"),
         _verdict("cancelled exactly the jobs whose cancel returned True", wrong_cancel,
                  f"{len(ev.cancelled)} cancelled"),
     ]
@@ -294,15 +301,37 @@ def _order(ev: Evidence) -> Check:
                     f"{len(ev.edges)} dependencies kept")
 
 
+def _waits(ev: Evidence) -> list[Check]:
+    waits = [j for j in ev.jobs if j.kind == "wait"]
+    wrong = sorted({e.label for e in ev.ledger if e.phase == "wrong"})
+    done = {e.label for e in ev.ledger if e.phase == "ok"}
+    unresumed = [_describe(j) for j in waits if j.state == "succeeded" and j.label not in done]
+    signals = [f"{_describe(j)}: " + ("a signal left unconsumed" if j.signal_left else
+                                       "no signal recorded")
+               for j in waits if j.state == "succeeded"
+               and (j.signal_left or not j.signal_taken)]
+    twice = [f"{parent}: {n} children" for parent, n in sorted(ev.children.items()) if n > 1]
+    return [
+        _verdict("every wait resumed with its own signal and child", wrong + unresumed,
+                 f"{sum(j.state == 'succeeded' for j in waits)} of {len(waits)} wait jobs"
+                 " resumed and succeeded"),
+        _verdict("no signal consumed twice or left unconsumed", signals,
+                 f"{sum(j.signal_taken for j in waits)} signals consumed once"),
+        _verdict("no child stored twice for one wait", twice,
+                 f"{sum(ev.children.values())} children, one per wait"),
+    ]
+
+
 def summarize(ev: Evidence) -> Summary:
     runs = _runs(ev)
-    work = [j for j in ev.jobs if j.kind == "work"]
+    work = [j for j in ev.jobs if j.kind in WORK_KINDS]
+    suspended = Counter(e.label for e in ev.ledger if e.phase == "suspend")
     return Summary(
         jobs=len(ev.jobs),
         poison=len(ev.jobs) - len(work),
         runs=sum(runs.values()),
-        reexecutions=sum(max(0, runs[j.label] - 1) for j in work),
-        lost_leases=sum(max(0, j.attempts + j.refunds - 1) for j in work),
+        reexecutions=sum(max(0, runs[j.label] - suspended[j.label] - 1) for j in work),
+        lost_leases=sum(max(0, j.attempts + j.refunds - j.suspends - 1) for j in work),
         bound=sum(f.reach for f in ev.faults),
         lost_jobs=sum(j.state not in FINAL for j in ev.jobs),
         states=dict(Counter(j.state or "missing" for j in ev.jobs)),
@@ -316,5 +345,6 @@ def check(ev: Evidence) -> tuple[list[Check], Summary]:
     runs = _runs(ev)
     per_queue = [check for i, (queue, c) in enumerate(ev.counters.items())
                  for check in _counters(c, queue if i else "")]
-    checks = [*_outcomes(ev), *_successes(ev, runs), _bound(summary), *per_queue, _order(ev)]
+    checks = [*_outcomes(ev), *_successes(ev, runs), _bound(summary), *per_queue, _order(ev),
+              *_waits(ev)]
     return checks, summary

@@ -4,6 +4,10 @@ happen, and the poison jobs and cancels the fault schedule asks for. It keeps ev
 whose enqueue returned: those are the jobs conveyor promises never to lose; and every
 dependency of the workflows it enqueued, which the checks hold the ledger to.
 
+Some jobs wait durably for a signal: the producer sends it a moment after their enqueue
+(before or after they reach the wait), half of them through the proxy; a signal call that
+raised is sent again, the same request (so a reply lost does not deliver it twice).
+
 Half its batches go through a proxy that loses replies, when the run has one. An enqueue
 that raised is sent again with the same jobs, as the promise allows (a call that raises
 stored nothing, or says what it stored with ``PartialEnqueue``): a job that this stores
@@ -23,8 +27,9 @@ import redis
 from ..clock import server_now
 from ..errors import JobNotFound, PartialEnqueue
 from ..job import Job
+from ..scripts import ScriptCall, calls
 from .profiles import Profile
-from .tasks import QUEUE, ChaosTasks
+from .tasks import QUEUE, SIGNAL, ChaosTasks
 
 __all__ = ["Producer"]
 
@@ -33,6 +38,8 @@ WORKFLOW_EVERY = 4  # every 4th batch of 3 or more jobs goes as a fan-out/fan-in
 ERRORS = (redis.exceptions.RedisError, OSError)
 RESENDS = 3  # an enqueue that raised is sent again up to this many times
 RESEND_PAUSE = 0.3  # seconds before sending it again
+WAIT_EVERY = 5  # every 5th batch adds a job that waits for a signal, then for a child
+SIGNAL_AFTER = (0.0, 3.0)  # seconds from a wait job's enqueue to its signal (uniform)
 
 
 class Producer:
@@ -63,6 +70,10 @@ class Producer:
         self.resent = 0  # sends of an enqueue call that had raised
         self._labels = 0
         self._poison = 0
+        self._waits = 0
+        # signals still to send: (due, monotonic; label; the call, its request kept)
+        self.signals: list[tuple[float, str, ScriptCall[int], ChaosTasks]] = []
+        self.signalled = 0  # signals answered
 
     def _label(self) -> str:
         self._labels += 1
@@ -78,8 +89,44 @@ class Producer:
         began, tick = time.monotonic(), 0
         while self.enqueued < p.jobs and not self.stop.is_set():
             self._batch(min(per, p.jobs - self.enqueued))
+            if tick % WAIT_EVERY == 0:  # half of them through the proxy, when there is one
+                routed = self.routed is not None and self.rng.random() < 0.5
+                self._wait_job(self.routed if routed and self.routed else self.tasks)
+            self._send_signals()
             tick += 1
             self.stop.wait(max(0.0, began + tick * TICK - time.monotonic()))
+        while self.signals and not self.stop.is_set():  # the last ones, then done
+            self._send_signals()
+            self.stop.wait(TICK)
+
+    def _wait_job(self, tasks: ChaosTasks) -> None:
+        """Enqueue a job that waits for a signal and a child; its signal is sent later."""
+        self._waits += 1
+        label, seconds = f"wait:{self._waits}", round(self.rng.uniform(0.0, 0.3), 3)
+        for kept, job in self._send([(label, seconds)],
+                                    lambda items: [tasks.waits.enqueue(*items[0])], "wait"):
+            app = tasks.app
+            payload = app.codec.encode_result(kept)
+            call = calls.signal(app.keys(job.queue), job.short_id, SIGNAL, payload)
+            with self.lock:
+                self.signals.append((time.monotonic() + self.rng.uniform(*SIGNAL_AFTER),
+                                     kept, call, tasks))
+
+    def _send_signals(self) -> None:
+        """Send the signals that are due; one whose call raised stays, to be sent again."""
+        now = time.monotonic()
+        with self.lock:
+            due = [s for s in self.signals if s[0] <= now]
+        for item in due:
+            call, tasks = item[2], item[3]
+            try:
+                answer = tasks.app.scripts.run(call)
+            except ERRORS:
+                continue  # the same call next time: its reply is kept if it was applied
+            with self.lock:
+                self.signals.remove(item)
+            if answer != calls.SIGNAL_REFUSED:
+                self.signalled += 1
 
     def _batch(self, n: int) -> None:
         p, rng = self.profile, self.rng
@@ -119,7 +166,8 @@ class Producer:
                     self.delayed.append((time.monotonic() + delay, kept, job))
 
     def _send(self, items: list[tuple[str, float]],
-              call: Callable[[list[tuple[str, float]]], list[Job]]) -> list[tuple[str, Job]]:
+              call: Callable[[list[tuple[str, float]]], list[Job]], kind: str = "work"
+              ) -> list[tuple[str, Job]]:
         """Enqueue ``items`` with ``call``, as a careful caller does: a call that raised
         stored nothing, so it is sent again; one that raised ``PartialEnqueue`` stored the
         jobs it names (the first ones), so the rest is sent again. Keeps and returns the
@@ -145,7 +193,7 @@ class Producer:
             left = []
             break
         for label, job in kept:
-            self._keep("work", label, job)
+            self._keep(kind, label, job)
         self.enqueued += len(kept)
         if left:
             self.failed_calls += 1  # given up: its jobs may or may not be stored

@@ -55,6 +55,8 @@ LOST_REPLY_TARGETS: dict[str, tuple[Target, float]] = {
     "finish": (Target((WORKER,), ("finish",)), 3.0),
     "enqueue": (Target((PRODUCER,), ("enqueue", "workflow_enqueue"), exec_too=True), 3.0),
     "heartbeat": (Target((WORKER,), ("heartbeat",)), 1.0),
+    "wait": (Target((WORKER,), ("wait", "resume")), 1.0),
+    "signal": (Target((PRODUCER,), ("signal",)), 1.0),
     "any script": (Target((WORKER, PRODUCER)), 1.0),
     "any request": (Target((WORKER, PRODUCER), any_request=True), 1.0),
 }

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -261,17 +262,17 @@ class ChaosRun:
         jobs = producer.snapshot()
         records = gather.job_records(client, tasks.app.keys, jobs)
         known = {job.short_id for _, job in jobs.values()}
-        stray, counters = [], {}
+        stray, counters, children = [], {}, Counter[str]()
         for queue in QUEUES:
             keys = tasks.app.keys(queue)
-            strays, dead = gather.stray_records(client, keys, known)
+            strays, dead = gather.stray_records(client, keys, known, children)
             stray += strays
             counters[queue] = gather.counters(client, keys, dead)
         return Evidence(jobs=records, ledger=gather.ledger_entries(tasks.ledger),
                         counters=counters, faults=list(self.faults),
                         cancelled=set(producer.cancelled),
                         cancel_unknown=set(producer.cancel_unknown), stray=stray,
-                        edges=list(producer.edges))
+                        edges=list(producer.edges), children=dict(children))
 
     def _verdict(self, tasks: ChaosTasks, producer: Producer, seconds: float,
                  proxy: ProxyLink | None) -> int:
@@ -289,7 +290,10 @@ class ChaosRun:
                  "worker restarts": f"{self.restarts} by the run (supervised children are"
                                     " replaced by their supervisor)",
                  "hand-offs": f"{sum(c.handed for c in evidence.counters.values())} jobs"
-                              " leased by an enqueue straight to an idle worker"}
+                              " leased by an enqueue straight to an idle worker",
+                 "durable waits": f"{sum(j.kind == 'wait' for j in evidence.jobs)} jobs waited"
+                                  f" for a signal and a child; {producer.signalled} signals"
+                                  f" taken, {len(producer.signals)} never sent"}
         print_report(self.console, self.faults, self.skipped, checks, summary, self.seed,
                      seconds, extra)
         failed = [c for c in checks if not c.held]

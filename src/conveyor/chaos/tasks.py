@@ -10,6 +10,11 @@ random id of this run. After the run the ledger is compared with what conveyor r
 Worker processes import this module as ``conveyor.chaos.tasks:app`` and find the servers
 in ``$CONVEYOR_REDIS_URL``, ``$CONVEYOR_CHAOS_LEDGER`` and ``$CONVEYOR_CHAOS_NAMESPACE``.
 
+The wait task waits durably (``ctx.wait_for``) for a signal the producer sends it, then
+for a child job on the side queue (``ctx.child``); a run that suspends notes ``suspend``,
+and the resumed run notes ``ok`` only if it got its own signal and its own child's result
+(``wrong`` otherwise).
+
 The poison tasks misbehave on purpose: one raises, one SIGKILLs its own process, one leaves
 it with ``os._exit``, one sleeps far past its timeout. Each must end dead with a reason,
 after its attempts, without holding up anything else.
@@ -29,9 +34,10 @@ import redis
 from ..app import Conveyor
 from ..context import current_job
 from ..task import Task
+from ..waits import Suspended
 
-__all__ = ["KINDS", "LEDGER_KEY", "POISON", "QUEUE", "QUEUES", "SIDE_QUEUE", "ChaosTasks",
-           "LedgerEntry", "parse_entry"]
+__all__ = ["KINDS", "LEDGER_KEY", "POISON", "QUEUE", "QUEUES", "SIDE_QUEUE", "WORK_KINDS",
+           "ChaosTasks", "LedgerEntry", "parse_entry"]
 
 QUEUE = "chaos"
 # A second queue the same workers serve, with a share of the plain work jobs: the faults
@@ -47,7 +53,9 @@ HANG_TIMEOUT = 1.0
 HANG_SECONDS = 4.0  # a sync task cannot be interrupted: its thread stays busy this long
 RETRY_BACKOFF = 0.2
 POISON = ("raise", "kill", "exit", "hang")
-KINDS = ("work", *POISON)
+WORK_KINDS = ("work", "wait")  # jobs that must succeed (or be cancelled)
+KINDS = (*WORK_KINDS, *POISON)
+SIGNAL = "go"  # the signal a wait job waits for; its payload is the job's label
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -58,7 +66,7 @@ class LedgerEntry:
     label: str
     run: str
     pid: int
-    phase: str  # start | ok | raise
+    phase: str  # start | ok | raise | suspend | wrong
     job: str = ""  # the id of the job the run was for ("" in entries written without it)
 
     @property
@@ -88,6 +96,9 @@ class ChaosTasks:
                          backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._work)
         self.side = task(name="chaos.side", queue=SIDE_QUEUE, retries=WORK_RETRIES,
                          backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._work)
+        self.waits = task(name="chaos.wait", queue=QUEUE, retries=WORK_RETRIES,
+                          backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._wait)
+
         def poison(name: str, timeout: float | None = None) -> Callable[[F], Task[Any, Any]]:
             return task(name=name, queue=QUEUE, retries=POISON_RETRIES, backoff=RETRY_BACKOFF,
                         visibility_timeout=POISON_VT, timeout=timeout)
@@ -98,7 +109,7 @@ class ChaosTasks:
         self.hangs = poison("chaos.hang", HANG_TIMEOUT)(self._hang)
 
     def by_kind(self, kind: str) -> Task[Any, Any]:
-        return {"work": self.work, "raise": self.raises, "kill": self.kills,
+        return {"work": self.work, "wait": self.waits, "raise": self.raises, "kill": self.kills,
                 "exit": self.exits, "hang": self.hangs}[kind]
 
     def _note(self, label: str, run: str, phase: str) -> None:
@@ -117,6 +128,18 @@ class ChaosTasks:
         run = self._start(label)
         time.sleep(seconds)
         self._note(label, run, "ok")
+        return label
+
+    def _wait(self, label: str, seconds: float) -> str:
+        run = self._start(label)
+        ctx = current_job()
+        try:
+            payload = ctx.wait_for(SIGNAL)
+            kid = ctx.child("kid", self.side, f"{label}/kid", seconds)
+        except Suspended:
+            self._note(label, run, "suspend")
+            raise
+        self._note(label, run, "ok" if payload == label and kid == f"{label}/kid" else "wrong")
         return label
 
     def _raise(self, label: str) -> None:
