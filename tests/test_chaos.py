@@ -259,3 +259,33 @@ def test_the_lost_reply_targets_find_conveyor_s_requests(
     finally:
         app.close()
         link.close()
+
+
+def _waited(ok: str = "ok", left: bool = False, taken: bool = True) -> Evidence:
+    """A healthy run plus a wait job: one run suspended, the resumed one ended ``ok``."""
+    ev = healthy()
+    ev.jobs.append(JobRecord("wait:1", "wait", "chaos~w1", "succeeded", 1, None, 1,
+                             refunds=1, suspends=1, signal_left=left, signal_taken=taken))
+    ev.ledger += [LedgerEntry("wait:1", "r6", 100, "start", "chaos~w1"),
+                  LedgerEntry("wait:1", "r6", 100, "suspend", "chaos~w1"),
+                  LedgerEntry("wait:1", "r7", 100, "start", "chaos~w1"),
+                  LedgerEntry("wait:1", "r7", 100, ok, "chaos~w1")]
+    ev.children = {"chaos~w1": 1}
+    return ev
+
+
+def test_checker_counts_a_suspended_run_as_no_re_execution() -> None:
+    checks, summary = check(_waited())
+    assert failed(checks) == set()
+    assert (summary.reexecutions, summary.lost_leases) == (1, 1)  # those of work:2 alone
+
+
+def test_checker_fails_on_a_wait_resumed_wrongly_or_a_signal_left_or_two_children() -> None:
+    assert "every wait resumed with its own signal and child" in failed(
+        check(_waited(ok="wrong"))[0])
+    assert "no signal consumed twice or left unconsumed" in failed(check(_waited(left=True))[0])
+    assert "no signal consumed twice or left unconsumed" in failed(
+        check(_waited(taken=False))[0])
+    ev = _waited()
+    ev.children = {"chaos~w1": 2}
+    assert "no child stored twice for one wait" in failed(check(ev)[0])
