@@ -52,9 +52,10 @@ def test_a_day_long_sleep_wakes_when_the_day_has_passed_and_not_before(
     assert _wait(app, held, "time", "day", DAY_MS, T0) == (calls.WAIT_SUSPEND, b"")
     assert _suspend(app, held, T0 + 5) == [6]
     record = _record(app, "a")
-    assert record[b"s"] == b"suspended" and record[b"attempts"] == b"0"
+    assert record[b"s"] == b"suspended" and b"attempts" not in record  # none used
+    assert b"token" not in record and b"w" not in record  # no lease, no holder
     assert app.redis.zscore(k.delayed, "a") == T0 + DAY_MS
-    assert app.redis.zscore(k.leases, "a") is None and app.redis.zscore(k.suspended, "a")
+    assert app.redis.zscore(k.leases, "a") is None and app.redis.sismember(k.suspended, "a")
     empty = app.scripts.run(calls.fetch(k, 1, app.limits, now=T0 + DAY_MS - 1))
     assert empty.jobs == []
     held = _lease(app, T0 + DAY_MS)

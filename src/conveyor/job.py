@@ -159,11 +159,13 @@ def _waiting_for(wt: str | None) -> str | None:
     if len(parts) != 4:
         return None
     kind, until, child, name = parts
-    if kind == "time":
+    if kind == "t":
         return f"time {_utc(until)}"
-    if kind == "child":
+    if kind == "c":
         return f"child {name} ({child})"
-    return f"signal {name!r}" + ("" if until == "-" else f" until {_utc(until)}")
+    if kind == "s":
+        return f"signal {name!r}" + ("" if until == "-" else f" until {_utc(until)}")
+    return None
 
 
 def _result(app: Conveyor, task: str, raw: bytes | None) -> Any:

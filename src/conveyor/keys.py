@@ -28,7 +28,7 @@ class QueueKeys:
     ring_prefix: str  # + "<priority>" -> list of tenants with ready jobs (round robin)
     priorities: str  # zset of priorities that have ready jobs
     delayed: str  # zset short id -> due time (ms)
-    suspended: str  # zset short id -> when it was suspended at a durable wait (ms)
+    suspended: str  # set of short ids of jobs suspended at a durable wait
     leases: str  # zset short id -> lease deadline (ms)
     dead: str  # zset short id -> time it died (ms)
     wake: str  # list holding at most one marker: "there may be work"

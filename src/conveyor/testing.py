@@ -254,7 +254,7 @@ def _make_due(app: Conveyor, queues: Sequence[str]) -> int:
     total = 0
     for queue in queues:
         k = app.keys(queue)
-        for short in app.redis.zrange(k.suspended, 0, -1):
+        for short in app.redis.sscan_iter(k.suspended, count=1000):
             key = k.job(short.decode())
             ended = due_now(app.redis.hget(key, "wt"))
             if ended is not None:

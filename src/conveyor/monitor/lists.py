@@ -8,6 +8,7 @@ tenants or a hundred thousand. Key names come from :mod:`conveyor.keys` only.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -112,11 +113,14 @@ def read_tenants(app: Conveyor, queue: str, most: int = 25, top: int = 10) -> Te
 def read_jobs(app: Conveyor, queue: str, state: str, offset: int = 0,
               limit: int = 50) -> JobPage:
     """Scheduled (soonest first), active or dead (newest first) jobs; two round trips.
+    Suspended jobs are in no order (their set has none), each with when it suspended.
 
-    :raises KeyError: ``state`` is not scheduled, active or dead
+    :raises KeyError: ``state`` is not scheduled, active, suspended or dead
     """
     k = app.keys(queue)
     key = getattr(k, JOB_LISTS[state])
+    if state == "suspended":
+        return _suspended(app, queue, offset, limit)
     with app.redis.pipeline(transaction=False) as pipe:
         pipe.zcard(key).zrange(key, offset, offset + limit - 1, desc=state == "dead",
                                withscores=True)
@@ -130,6 +134,25 @@ def read_jobs(app: Conveyor, queue: str, state: str, offset: int = 0,
             for (short, score), record in zip(ids, records, strict=True)
             if record]  # a record may expire or go between the two reads
     return JobPage(queue, state, int(total), offset, limit, jobs)
+
+
+def _suspended(app: Conveyor, queue: str, offset: int, limit: int) -> JobPage:
+    """A page of the suspended set: the first ``offset + limit`` members a scan meets
+    (O(offset + limit)), each with the time its run suspended."""
+    k = app.keys(queue)
+    total = int(app.redis.scard(k.suspended))
+    shorts = [_text(m) for m in itertools.islice(
+        app.redis.sscan_iter(k.suspended, count=max(100, limit)), offset, offset + limit)]
+    with app.redis.pipeline(transaction=False) as pipe:
+        for short in shorts:
+            pipe.hgetall(k.job(short))
+        records = pipe.execute()
+    jobs = []
+    for short, record in zip(shorts, records, strict=True):
+        if record:  # a record may go between the two reads
+            info = JobInfo.from_record(app, queue, short, record)
+            jobs.append((info, info.started_at or 0.0))
+    return JobPage(queue, "suspended", total, offset, limit, jobs)
 
 
 def read_schedules(app: Conveyor, now: float) -> list[ScheduleRow]:

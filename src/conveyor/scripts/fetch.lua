@@ -72,7 +72,7 @@ if not nonce or nonce == '' then return redis.error_reply('ERR fetch: nonce must
 local wrong = wrong_key_type('fetch', { K.priorities, 'zset', K.delayed, 'zset',
   K.leases, 'zset', K.dead, 'zset', K.counts, 'hash', K.active, 'hash', K.seq, 'string',
   K.events, 'stream', K.limits, 'hash', K.buckets, 'hash', K.running, 'hash',
-  K.parked, 'zset', K.suspended, 'zset' })
+  K.parked, 'zset', K.suspended, 'set' })
 if wrong then return redis.error_reply(wrong) end
 -- The token counter is first incremented after a job is popped: one that is no integer
 -- would fail the fetch there, with that job off its ready list and in no lease.

@@ -67,7 +67,7 @@ if unknown then return redis.error_reply('ERR finish: unknown outcome ' .. unkno
 local wrong = wrong_key_type('finish', { leases, 'zset', delayed, 'zset', dead, 'zset',
   K.active, 'hash', K.idle, 'hash', events, 'stream', K.counts, 'hash', K.running, 'hash',
   K.parked, 'zset', K.limits, 'hash', K.priorities, 'zset', handover_key(job_prefix),
-  'list', K.suspended, 'zset' })
+  'list', K.suspended, 'set' })
 if wrong then return redis.error_reply(wrong) end
 
 local now = now_ms(A.now)
@@ -113,7 +113,7 @@ for i = 0, n - 1 do
       settle_snoozed(key, delayed, id, f[4], started_at, due)
       retried, codes[#codes + 1] = true, 5
     elseif outcome == 'suspend' then
-      codes[#codes + 1] = settle_suspended(K, id, f, started_at, now) and 6 or 7
+      codes[#codes + 1] = settle_suspended(K, id, f) and 6 or 7
       retried = true
     elseif outcome == 'cancelled' then
       state, err = 'cancelled', payload

@@ -55,10 +55,15 @@ end
 -- suspension counted. A wait whose outcome was recorded since the run described it (a
 -- signal, the child's end) is not waited for: the job is ready at once. k holds finish's
 -- keys.
-local function settle_suspended(k, id, f, started_at, now)
+local function settle_suspended(k, id, f)
   local key = k.job_prefix .. id
-  redis.call('HSET', key, 'token', '', 'started_at', started_at,
-    'attempts', math.max(0, (tonumber(f[4]) or 1) - 1))
+  -- What a suspended job does not need goes: its last run's start, its lease's token and
+  -- holder, and attempts when back at none (readers take it absent as 0): a suspended job
+  -- may wait for days.
+  local attempts = math.max(0, (tonumber(f[4]) or 1) - 1)
+  redis.call('HDEL', key, 'token', 'w', 'started_at')
+  if attempts > 0 then redis.call('HSET', key, 'attempts', attempts)
+  else redis.call('HDEL', key, 'attempts') end
   add_count(key, 'suspends', 1)
   local w = parse_wait(redis.call('HGET', key, 'wt'))
   if not w then
@@ -68,7 +73,7 @@ local function settle_suspended(k, id, f, started_at, now)
     return false
   end
   redis.call('HSET', key, 's', 'suspended')
-  count_suspended(k, id, w, 1, now)
+  count_suspended(k, id, w, 1)
   if w.until_ms then redis.call('ZADD', k.delayed, w.until_ms, id) end
   return true
 end

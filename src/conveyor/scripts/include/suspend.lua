@@ -2,7 +2,8 @@
 -- over yet writes what it waits for in the record's 'wt' field (wait.lua), and its finish
 -- suspends the job: state 'suspended', no lease, the attempt given back. 'wt' is
 -- "<kind> <until ms or -> <child id or -> <name>" (the name last: it may hold spaces), kind
--- 'time', 'signal' or 'child'. A wait that has an end in time (a sleep, a timeout) is in
+-- 't' (time), 's' (signal) or 'c' (child): a suspended job may wait for days, so its record
+-- keeps only what it needs, in few bytes. A wait that has an end in time (a sleep, a timeout) is in
 -- the delayed set at that time, so the fetch that promotes due jobs wakes it with no timer
 -- of its own.
 --
@@ -15,31 +16,34 @@
 --@include counter
 --@include ready
 
-local WAIT_KINDS = { time = true, signal = true, child = true }
+local WAIT_KINDS = { time = 't', signal = 's', child = 'c' }
+local KIND_NAMES = { t = 'time', s = 'signal', c = 'child' }
 
--- The parts of a 'wt' field: kind, until (ms, or nil), child id (or nil), name; nil for a
--- field that is absent or does not parse.
+-- The parts of a 'wt' field: kind ('time', 'signal', 'child'), until (ms, or nil), child
+-- id (or nil), name; nil for a field that is absent or does not parse.
 local function parse_wait(wt)
   if not wt then return nil end
-  local kind, until_ms, child, name = string.match(wt, '^(%a+) (%S+) (%S+) (.+)$')
-  if not kind or not WAIT_KINDS[kind] then return nil end
+  local letter, until_ms, child, name = string.match(wt, '^(%a) (%S+) (%S+) (.+)$')
+  local kind = KIND_NAMES[letter or '']
+  if not kind then return nil end
   return { kind = kind, until_ms = tonumber(until_ms), child = child ~= '-' and child or nil,
     name = name }
 end
 
 local function wait_field(kind, until_ms, child, name)
   local at = until_ms and string.format('%d', until_ms) or '-'
-  return kind .. ' ' .. at .. ' ' .. (child or '-') .. ' ' .. name
+  return WAIT_KINDS[kind] .. ' ' .. at .. ' ' .. (child or '-') .. ' ' .. name
 end
 
--- Suspended jobs are in the queue's 'suspended' set (a page of them is listed from it) and
--- counted, those with a timer in the delayed set apart (so that the delayed jobs are that
--- set's size less those): a backlog reads both counts with the ready count, in one
--- command. k: counts and suspended keys; w: the wait, as parse_wait reads it; by: 1 when
--- it is suspended, -1 when it no longer is.
-local function count_suspended(k, id, w, by, now)
-  if by > 0 then redis.call('ZADD', k.suspended, now, id)
-  else redis.call('ZREM', k.suspended, id) end
+-- Suspended jobs are in the queue's 'suspended' set (a page of them is listed from it: a
+-- set, not a sorted set, costs a suspended job half the bytes) and counted, those with a
+-- timer in the delayed set apart (so that the delayed jobs are that set's size less
+-- those): a backlog reads both counts with the ready count, in one command. k: counts and
+-- suspended keys; w: the wait, as parse_wait reads it; by: 1 when it is suspended, -1 when
+-- it no longer is.
+local function count_suspended(k, id, w, by)
+  if by > 0 then redis.call('SADD', k.suspended, id)
+  else redis.call('SREM', k.suspended, id) end
   add_count(k.counts, 'suspended', by)
   if w and w.until_ms then add_count(k.counts, 'suspended_timed', by) end
 end
