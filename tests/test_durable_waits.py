@@ -232,3 +232,23 @@ def test_drain_with_scheduled_jobs_ends_sleeps_and_timeouts_at_once(
     infos = testing.drain(app, queues=["w"], include_scheduled=True, timeout=20)
     assert job.result(timeout=1) == "ann never clicked"
     assert [i.id for i in infos] == [job.id]
+
+
+def test_the_events_stream_records_each_suspension_for_the_sink(
+        app: conveyor.Conveyor) -> None:
+    from conveyor.sink import schema, stream_events
+
+    @app.task(name="sleepy", queue="w")
+    def sleepy() -> str:
+        conveyor.current_job().sleep("nap", 0.3)
+        return "rested"
+
+    stream_events(app, "w")
+    with running_worker(app, queues=["w"]):
+        job = sleepy.enqueue()
+        assert job.result(timeout=10) == "rested"
+    rows = [schema.row_from_event("w", sid.decode(), fields)
+            for sid, fields in app.redis.xrange(app.keys("w").events)]
+    assert [(r["job_id"], r["state"]) for r in rows] == [(job.id, "suspended"),
+                                                          (job.id, "succeeded")]
+    assert rows[0]["error"].startswith("waits: t ") and rows[0]["error"].endswith(" nap")

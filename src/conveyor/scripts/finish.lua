@@ -113,8 +113,9 @@ for i = 0, n - 1 do
       settle_snoozed(key, delayed, id, f[4], started_at, due)
       retried, codes[#codes + 1] = true, 5
     elseif outcome == 'suspend' then
-      codes[#codes + 1] = settle_suspended(K, id, f) and 6 or 7
-      retried = true
+      local suspended = settle_suspended(K, id, f)
+      codes[#codes + 1], retried = suspended and 6 or 7, true
+      if suspended then suspended_event(events, events_maxlen, key, id, f, started_at, now_s) end
     elseif outcome == 'cancelled' then
       state, err = 'cancelled', payload
       settle_cancelled(key, payload, started_at, now_s, retention)

@@ -78,6 +78,15 @@ local function settle_suspended(k, id, f)
   return true
 end
 
+-- The event of a run that ended suspended, for a queue that streams: the sink keeps each
+-- run's end, and this one's error says what the job waits for.
+local function suspended_event(events, events_maxlen, key, id, f, started_at, now_s)
+  if not streaming(events) then return end
+  local job = finished_job(f, started_at, now_s)
+  job.state, job.error = 'suspended', 'waits: ' .. tostring(redis.call('HGET', key, 'wt'))
+  emit_event(events, events_maxlen, id, job)
+end
+
 local function settle_cancelled(key, reason, started_at, now_s, retention)
   redis.call('HSET', key, 's', 'cancelled', 'token', '', 'error', reason,
     'started_at', started_at, 'finished_at', now_s)
