@@ -252,3 +252,51 @@ def test_the_events_stream_records_each_suspension_for_the_sink(
     assert [(r["job_id"], r["state"]) for r in rows] == [(job.id, "suspended"),
                                                           (job.id, "succeeded")]
     assert rows[0]["error"].startswith("waits: t ") and rows[0]["error"].endswith(" nap")
+
+
+def test_lost_replies_of_the_wait_and_signal_calls_change_nothing(
+        app: conveyor.Conveyor) -> None:
+    """The wait call, the finish that suspends and the signal each lose their first reply
+    (applied by Redis, the client sees a reset): each is sent again as the same request,
+    and the job waits once, gets its signal once, and keeps no second copy of it."""
+    from lost_reply import LoseReplies, script
+
+    runs = Runs()
+
+    @app.task(name="lossy", queue="w")
+    def lossy() -> object:
+        runs("top")
+        got = conveyor.current_job().wait_for("go")
+        runs("after")
+        return got
+
+    waits, signals = LoseReplies(script("wait")), LoseReplies(script("signal"))
+    with waits, signals, running_worker(app, queues=["w"]):
+        job = lossy.enqueue()
+        wait_until(lambda: _state(job) == JobState.SUSPENDED, 10, message="suspended")
+        assert job.signal("go", "once") is True
+        assert job.result(timeout=10) == "once"
+    assert (waits.lost, signals.lost) == (1, 1)
+    assert runs["top"] == 2 and runs["after"] == 1
+    record = app.redis.hgetall(app.keys("w").job(job.short_id))
+    assert b"sig:go" not in record  # the re-sent signal was not kept a second time
+
+
+def test_a_queue_capped_at_one_running_job_runs_others_while_one_is_suspended(
+        app: conveyor.Conveyor) -> None:
+    @app.task(name="held", queue="w")
+    def held() -> object:
+        return conveyor.current_job().wait_for("go")
+
+    @app.task(name="other", queue="w")
+    def other() -> str:
+        return "ran"
+
+    app.queue("w").set_limits(concurrency=1)
+    with running_worker(app, queues=["w"], concurrency=4):
+        job = held.enqueue()
+        wait_until(lambda: _state(job) == JobState.SUSPENDED, 10, message="suspended")
+        assert [j.result(timeout=10) for j in other.enqueue_many([(), ()])] == ["ran", "ran"]
+        assert app.monitor.flow("w").running == 0
+        job.signal("go", 1)
+        assert job.result(timeout=10) == 1

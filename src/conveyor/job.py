@@ -19,6 +19,7 @@ from ._sync.poll import poll
 from .errors import EncodingError, JobCancelled, JobFailed, JobNotFound
 from .hints import convert_result
 from .scripts import calls
+from .scripts.resend import aresend, resend
 from .untrusted import integer as _int
 from .untrusted import number as _time
 from .untrusted import text as _text
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 R = TypeVar("R", default=Any)  # a bare ``Job`` is a ``Job[Any]``
 PAUSES = (0.002, 0.1)  # seconds between reads while waiting for a result: first, most
+SIGNAL_RESOLVE_SECONDS = 15.0  # a signal whose reply was lost is sent again this long
 
 
 class JobState(str, enum.Enum):
@@ -269,15 +271,23 @@ class Job(Generic[R]):
         (:meth:`conveyor.JobContext.wait_for`) returns ``payload``. A signal sent before the
         job waits for it is kept until it does; each is consumed once.
 
+        A call whose reply is lost (a reset connection, a failover) is sent again for up to
+        :data:`SIGNAL_RESOLVE_SECONDS`, as the same request: Redis answers a repeat from the
+        reply it kept, so the signal is never kept twice.
+
         :returns: True, or False when the job has ended (or does not exist)
         :raises SerializationError: ``payload`` cannot be encoded
+        :raises redis.exceptions.ConnectionError: Redis did not answer in that time (the
+            signal may or may not be kept)
         """
-        answer: int = self._app.scripts.run(self._signal_call(name, payload))
+        call = self._signal_call(name, payload)
+        answer: int = resend(lambda: self._app.scripts.run(call), SIGNAL_RESOLVE_SECONDS)
         return answer != calls.SIGNAL_REFUSED
 
     async def asignal(self, name: str, payload: Any = None) -> bool:
         """Async twin of :meth:`signal`."""
-        answer: int = await self._app.ascripts().run(self._signal_call(name, payload))
+        call, runner = self._signal_call(name, payload), self._app.ascripts()
+        answer: int = await aresend(lambda: runner.run(call), SIGNAL_RESOLVE_SECONDS)
         return answer != calls.SIGNAL_REFUSED
 
     def _signal_call(self, name: str, payload: Any) -> calls.ScriptCall[int]:
