@@ -85,6 +85,7 @@ class Conveyor:
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.periodics: list[Periodic] = []
         self.dead_hooks: list[Callable[[JobInfo], Any]] = []
+        self.expire_hooks: list[Callable[[JobInfo], Any]] = []
         self._async: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, tuple[Any, AsyncScriptRunner]
         ] = weakref.WeakKeyDictionary()
@@ -312,6 +313,12 @@ class Conveyor:
     def on_dead(self, callback: Callable[[JobInfo], Any]) -> Callable[[JobInfo], Any]:
         """Call ``callback(JobInfo)`` in the worker process whenever a job goes dead."""
         self.dead_hooks.append(callback)
+        return callback
+
+    def on_expire(self, callback: Callable[[JobInfo], Any]) -> Callable[[JobInfo], Any]:
+        """Call ``callback(JobInfo)`` in a worker process whenever a job expires (it was not
+        started by its ``expires``, or not done by its ``deadline``)."""
+        self.expire_hooks.append(callback)
         return callback
 
     @cached_property

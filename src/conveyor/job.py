@@ -38,7 +38,8 @@ SIGNAL_RESOLVE_SECONDS = 15.0  # a signal whose reply was lost is sent again thi
 
 
 class JobState(str, enum.Enum):
-    """Where a job is in its life. ``succeeded``, ``dead`` and ``cancelled`` are final."""
+    """Where a job is in its life. ``succeeded``, ``dead``, ``cancelled`` and ``expired``
+    are final."""
 
     SCHEDULED = "scheduled"
     READY = "ready"
@@ -48,10 +49,12 @@ class JobState(str, enum.Enum):
     DEAD = "dead"
     CANCELLED = "cancelled"
     SUSPENDED = "suspended"  # at a durable wait: no slot, no lease (``conveyor.waits``)
+    EXPIRED = "expired"  # not started by its ``expires``, or not done by its ``deadline``
 
     @property
     def finished(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
+        return self in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED,
+                        JobState.EXPIRED)
 
 
 def _fraction(value: Any) -> float | None:
@@ -300,7 +303,7 @@ class Job(Generic[R]):
     def _outcome(self, info: JobInfo) -> tuple[bool, R]:
         if info.state == JobState.SUCCEEDED:
             return True, info.result
-        if info.state == JobState.DEAD:
+        if info.state in (JobState.DEAD, JobState.EXPIRED):  # expired: the error says so
             raise JobFailed(self.id, info.error)
         if info.state == JobState.CANCELLED:
             raise JobCancelled(self.id)

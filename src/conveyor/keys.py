@@ -29,6 +29,7 @@ class QueueKeys:
     priorities: str  # zset of priorities that have ready jobs
     delayed: str  # zset short id -> due time (ms)
     suspended: str  # set of short ids of jobs suspended at a durable wait
+    expiring: str  # zset short id -> its start-by time, or, running, its deadline (ms)
     leases: str  # zset short id -> lease deadline (ms)
     dead: str  # zset short id -> time it died (ms)
     wake: str  # list holding at most one marker: "there may be work"
@@ -112,6 +113,7 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
         priorities=f"{tag}:priorities",
         delayed=f"{tag}:delayed",
         suspended=f"{tag}:suspended",
+        expiring=f"{tag}:expiring",
         leases=f"{tag}:leases",
         dead=f"{tag}:dead",
         wake=f"{tag}:wake",

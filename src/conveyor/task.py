@@ -53,6 +53,12 @@ class JobOptions:
         first enqueue
     :param throttle: with ``key``: the key stays taken this many seconds from the first
         enqueue, even after that job finished; enqueues in the window return that job
+    :param expires: the job must start within this many seconds of its enqueue (or a
+        timedelta, or by this aware datetime / epoch seconds); past it, it never starts and
+        ends ``expired`` at that time, wherever it waits
+    :param deadline: the job must finish within this many seconds of its enqueue (or by
+        that time): past it, a run is cancelled as a running job is, and the job ends
+        ``expired``; it never starts once the deadline passed
     """
 
     delay: float | None = None
@@ -64,6 +70,8 @@ class JobOptions:
     debounce: float | None = None
     debounce_max: float | None = None
     throttle: float | None = None
+    expires: float | datetime | None = None
+    deadline: float | datetime | None = None
 
     def __post_init__(self) -> None:
         if self.delay is not None and self.at is not None:
@@ -76,6 +84,15 @@ class JobOptions:
         if self.key is not None and (not isinstance(self.key, str) or not self.key):
             raise ConfigurationError("key must be a non-empty string")
         self._check_keyed()
+        for name in ("expires", "deadline"):
+            value = getattr(self, name)
+            if value is None or isinstance(value, datetime):
+                if isinstance(value, datetime) and value.tzinfo is None:
+                    raise ConfigurationError(f"{name}= needs an aware datetime, or seconds")
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigurationError(f"{name} must be seconds > 0 (or a timedelta, or an"
+                                         f" aware datetime), got {value!r}")
 
     def _check_keyed(self) -> None:
         for name in ("debounce", "debounce_max", "throttle"):
@@ -99,10 +116,14 @@ class JobOptions:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ConfigurationError(
-                f"unknown job option(s) {', '.join(sorted(unknown))}: expected delay, at,"
-                " priority, tenant, key, durable, debounce, debounce_max or throttle"
+                f"unknown job option(s) {', '.join(sorted(unknown))}: expected queue, delay,"
+                " at, priority, tenant, key, durable, debounce, debounce_max, throttle,"
+                " expires or deadline"
             )
         values = dict(changes)
+        for name in ("expires", "deadline"):
+            if isinstance(values.get(name), timedelta):
+                values[name] = values[name].total_seconds()
         if "delay" in values:
             values["delay"] = _seconds(values["delay"])
             if values["delay"] is not None and "at" not in changes:
@@ -230,7 +251,7 @@ class Task(Generic[P, R]):
 
         :param changes: any of ``queue`` (the jobs go to that queue; a worker serving it
             runs them), ``delay``, ``at``, ``priority``, ``tenant``, ``key``, ``durable``,
-            ``debounce``, ``debounce_max``, ``throttle``
+            ``debounce``, ``debounce_max``, ``throttle``, ``expires``, ``deadline``
         """
         copy = object.__new__(type(self))
         copy.__dict__.update(self.__dict__)

@@ -47,7 +47,7 @@ def child_outcome(state: bytes, result: bytes | None, error: bytes | None,
     """The tagged outcome a parent records for its child that ended in ``state``."""
     if state == b"succeeded":
         return b"o" + (result or b"")
-    tag = b"d" if state == b"dead" else b"c"
+    tag = b"c" if state == b"cancelled" else b"d"  # dead or expired: JobFailed
     return tag + child_id.encode() + b"\n" + (error or b"")
 
 

@@ -23,7 +23,7 @@ from ..keys import QueueKeys
 from .flow import FlowState, read_flow
 from .histogram import Histogram
 
-COUNTERS = ("enqueued", "started", "succeeded", "failed", "retried", "dead")
+COUNTERS = ("enqueued", "started", "succeeded", "failed", "retried", "dead", "expired")
 WINDOW_KEYS = 1000  # buckets summed by one ZUNION (a day of 10 s buckets takes nine)
 
 
@@ -94,6 +94,7 @@ class Stats:
     run: Timing
     backlog: Backlog
     now: float  # server time the stats were read at (epoch s)
+    expired: int = 0  # jobs that expired: not started by ``expires``, or past ``deadline``
 
 
 @dataclass
@@ -310,4 +311,5 @@ def build(task: str | None, queue: str | None, window: float, span: float, now: 
         throughput=(c.get("succeeded", 0) + c.get("dead", 0)) / span,
         arrival_rate=c.get("enqueued", 0) / span,
         wait=Timing.of(part.wait), run=Timing.of(part.run), backlog=backlog, now=now,
+        expired=c.get("expired", 0),
     )

@@ -27,6 +27,7 @@ Whatever the next producer feature is, it is written here once and every produce
 from __future__ import annotations
 
 import base64
+import datetime
 import os
 import weakref
 from collections.abc import Sequence
@@ -90,8 +91,20 @@ def job_spec(task: Task[Any, Any]) -> calls.JobSpec:
             debounce_ms=None if o.debounce is None else o.debounce * 1000,
             debounce_max_ms=None if o.debounce_max is None else o.debounce_max * 1000,
             throttle_ms=None if o.throttle is None else o.throttle * 1000,
+            expires=_when(o.expires),
+            deadline=_when(o.deadline),
         )
     return spec
+
+
+def _when(value: float | datetime.datetime | None) -> str:
+    """An ``expires`` or ``deadline`` option as the enqueue script takes it: '+<ms>' from
+    the enqueue (seconds), '<ms>' an epoch time (a datetime), '' none."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime.datetime):
+        return f"{int(value.timestamp() * 1000)}"
+    return f"+{int(value * 1000)}"
 
 
 # Built on every enqueue, so not frozen (a frozen dataclass sets each field through

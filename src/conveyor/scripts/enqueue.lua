@@ -26,6 +26,7 @@
 -- K.waiters
 -- K.waiter_offers
 -- K.handoff_prefix
+-- K.expiring
 -- A.now                   '' for the server clock (ms override, tests only)
 -- A.bucket_seconds        width of a metric bucket
 -- A.bucket_ttl            lifetime of a metric bucket (s)
@@ -48,6 +49,8 @@
 -- A.trace                 '' or the trace id (32 hex chars) of the call, for the sink
 -- A.parent                '' or the id of the job that waits for this one (ctx.child):
 --                         one job, never stored over a record that exists
+-- A.expires               '' or when the jobs must start by: '+<ms>' from now, or '<ms>'
+-- A.deadline              ... and finish by (include/expiry.lua); the same forms
 -- A.dead_cap              most dead letters kept (a hand-off may meet a bad record)
 -- A.events_maxlen         approximate cap of the events stream
 -- A.jobs                  number of jobs that follow, 2 fields each: short id, args
@@ -113,13 +116,7 @@ end
 if tenant ~= '' then record[#record + 1] = 'tenant'; record[#record + 1] = tenant end
 if scheduled then record[#record + 1] = 'run_at'; record[#record + 1] = seconds(due) end
 if key ~= '' then record[#record + 1] = 'key'; record[#record + 1] = key end
-if debounce_max_ms then
-  record[#record + 1] = 'debounce_until'
-  record[#record + 1] = string.format('%.3f', now + debounce_max_ms)
-end
-if claim ~= '' then record[#record + 1] = 'tick'; record[#record + 1] = seconds(claim_tick) end
-if trace ~= '' then record[#record + 1] = 'tr'; record[#record + 1] = trace end
-if A.parent ~= '' then record[#record + 1] = 'pw'; record[#record + 1] = A.parent end
+local start_by = rarer_fields(record, now, debounce_max_ms, claim_tick)
 local n_fields = #record
 
 -- A key of the wrong type (one written over by hand) must not leave a call half applied:
@@ -146,10 +143,9 @@ end
 for i = 0, n_jobs - 1 do
   record[n_fields + 1], record[n_fields + 2] = 'a', ARGV[FIRST + i * FIELDS + ARGS]
   redis.call('HSET', job_prefix .. ids[i + 1], unpack(record))
+  if start_by then redis.call('ZADD', K.expiring, start_by, ids[i + 1]) end
 end
-if key ~= '' then
-  dedupe_created(K, key, ids[1], throttle_ms)
-end
+if key ~= '' then dedupe_created(K, key, ids[1], throttle_ms) end
 
 if n_jobs > 0 then
   local tally = new_tally()

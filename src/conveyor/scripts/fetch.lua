@@ -29,6 +29,8 @@
 -- K.waiters
 -- K.waiter_offers
 -- K.suspended
+-- K.expiring
+-- K.cancelling
 -- A.now                   '' for the server clock (ms override, tests only)
 -- A.want                  most jobs to lease (the worker's free slots)
 -- A.dead_cap              most dead letters kept
@@ -41,13 +43,15 @@
 --                         (include/handoff.lua) is replaced too, offering the slots this
 --                         call leaves free (count - jobs leased), or removed when none are
 -- A.waiter_ttl_ms         how long that registration holds; 0 leaves registrations alone
+-- A.retention             seconds a record that ends here (expired) is kept
 -- Limits (flow.lua) are decided here, atomically with priorities and tenant turns; the next
 -- due time includes when a parked tenant or the queue's bucket has a token again.
 -- Returns: { now_ms, next_due_ms ('' if none), dead short ids (lost leases, bad records),
 --            jobs: flat, 9 fields each: short id, token, task, args, attempts,
 --            max_attempts, enqueued_at, run_at, vt;
 --            short ids of dead letters deleted by the cap meanwhile,
---            1 if limits held back ready jobs (a burst worker waits for them) else 0 }
+--            1 if limits held back ready jobs (a burst worker waits for them) else 0,
+--            short ids of jobs that expired (include/expiry.lua) }
 --@include clock
 --@include ready
 --@include metrics
@@ -62,7 +66,8 @@
 
 local want, nonce = tonumber(A.want), A.nonce
 local cfg = { dead_cap = tonumber(A.dead_cap), events_maxlen = tonumber(A.events_maxlen),
-  bucket_seconds = tonumber(A.bucket_seconds), bucket_ttl = tonumber(A.bucket_ttl) }
+  bucket_seconds = tonumber(A.bucket_seconds), bucket_ttl = tonumber(A.bucket_ttl),
+  retention = tonumber(A.retention) }
 if not want or want < 0 or not cfg.dead_cap or not cfg.events_maxlen
     or not cfg.bucket_seconds or not cfg.bucket_ttl then
   return redis.error_reply('ERR fetch: count, dead_cap, events_maxlen, bucket_seconds and '
@@ -72,7 +77,7 @@ if not nonce or nonce == '' then return redis.error_reply('ERR fetch: nonce must
 local wrong = wrong_key_type('fetch', { K.priorities, 'zset', K.delayed, 'zset',
   K.leases, 'zset', K.dead, 'zset', K.counts, 'hash', K.active, 'hash', K.seq, 'string',
   K.events, 'stream', K.limits, 'hash', K.buckets, 'hash', K.running, 'hash',
-  K.parked, 'zset', K.suspended, 'set' })
+  K.parked, 'zset', K.suspended, 'set', K.expiring, 'zset', K.cancelling, 'zset' })
 if wrong then return redis.error_reply(wrong) end
 -- The token counter is first incremented after a job is popped: one that is no integer
 -- would fail the fetch there, with that job off its ready list and in no lease.
@@ -84,9 +89,10 @@ end
 
 local now = now_ms(A.now)
 local tally = new_tally()
-local out = { dead = {}, trimmed = {} }
+local out = { dead = {}, trimmed = {}, expired = {} }
 reclaim_expired(K, now, 100, cfg, tally, out)
 promote_due(K, now, 1000, cfg, tally, out)
+expire_due(K, now, 1000, cfg, tally, out)
 
 local acc = new_lease_batch(A.worker)
 local take = lease_taker(K, cfg, tally, out, now, want, nonce, acc)
@@ -109,11 +115,11 @@ write_tally(tally, bucket_key(K.metrics_prefix, now, cfg.bucket_seconds), cfg.bu
 renew_waiter(K, A.worker, want - taken, nonce, now, tonumber(A.waiter_ttl_ms))
 
 local next_due = refill or ''
-for _, set in ipairs({ K.delayed, K.leases, K.parked }) do
+for _, set in ipairs({ K.delayed, K.leases, K.parked, K.expiring }) do
   local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
   if #first > 0 and (next_due == '' or tonumber(first[2]) < next_due) then
     next_due = tonumber(first[2])
   end
 end
 return { string.format('%.3f', now), next_due == '' and '' or string.format('%.3f', next_due),
-  out.dead, acc.jobs, out.trimmed, held and 1 or 0 }
+  out.dead, acc.jobs, out.trimmed, held and 1 or 0, out.expired }

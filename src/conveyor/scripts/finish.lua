@@ -25,6 +25,7 @@
 -- K.ring_prefix
 -- K.priorities
 -- K.suspended
+-- K.expiring
 -- A.now                   '' for the server clock (ms override, tests only)
 -- A.retention             seconds a finished job record (and its result) is kept
 -- A.dead_cap              most dead letters kept
@@ -39,7 +40,8 @@
 --         retry_delay_ms (the delay of a retry or a snooze)
 -- Returns: { codes: one per outcome, 0 refused (stale token), 1 succeeded, 2 retrying,
 --            3 dead, 4 cancelled, 5 snoozed, 6 suspended (7 when the wait was already
---            over, so the job is ready again); short ids trimmed from the dead letters by
+--            over, so the job is ready again), 8 expired (cancelled as its deadline
+--            passed, include/expiry.lua); short ids trimmed from the dead letters by
 --            the cap; how many of the jobs that ended were workflow nodes queued for
 --            hand-over }
 --@include clock
@@ -83,7 +85,7 @@ for i = 0, n - 1 do
   -- A record that is no hash (written over by hand) reads as an error: refused, like a
   -- stale token; its lease expires and the fetch that reclaims it dead-letters it.
   local f = redis.pcall('HMGET', key, 's', 'token', 't', 'attempts', 'm', 'key', 'e',
-    'run_at', 'tenant', 'p', 'cancel', 'snoozes', 'tr', 'wf', 'pw')
+    'run_at', 'tenant', 'p', 'cancel', 'snoozes', 'tr', 'wf', 'pw', 'x', 'dl')
   if f[1] ~= 'active' or f[2] ~= token then
     codes[#codes + 1] = 0
   else
@@ -92,7 +94,7 @@ for i = 0, n - 1 do
     done_leases[#done_leases + 1] = id
     done_tasks[task] = (done_tasks[task] or 0) + 1
     done_tenants[f[9] or ''] = (done_tenants[f[9] or ''] or 0) + 1
-    outcome, payload = final_outcome(outcome, payload, f, snooze_cap)
+    outcome, payload = final_outcome(outcome, payload, f, snooze_cap, now)
     if outcome ~= 'snooze' and outcome ~= 'suspend' then
       local enqueued_at, run_at = (tonumber(f[7]) or 0) / 1000, tonumber(f[8]) or 0
       local waited = (tonumber(started_at) or 0) - math.max(enqueued_at, run_at)
@@ -116,10 +118,11 @@ for i = 0, n - 1 do
       local suspended = settle_suspended(K, id, f)
       codes[#codes + 1], retried = suspended and 6 or 7, true
       if suspended then suspended_event(events, events_maxlen, key, id, f, started_at, now_s) end
-    elseif outcome == 'cancelled' then
-      state, err = 'cancelled', payload
-      settle_cancelled(key, payload, started_at, now_s, retention)
-      codes[#codes + 1] = 4
+    elseif outcome == 'cancelled' or outcome == 'expired' then
+      state, err = outcome, payload
+      settle_cancelled(key, payload, started_at, now_s, retention, outcome)
+      codes[#codes + 1] = outcome == 'cancelled' and 4 or 8
+      if outcome == 'expired' then count(tally, task, 'expired', 1) end
     else
       state, err = 'dead', payload
       settle_dead(key, payload, started_at, now_s)
@@ -130,6 +133,7 @@ for i = 0, n - 1 do
       count(tally, task, 'dead', 1)
       codes[#codes + 1] = 3
     end
+    if f[16] then track_expiry(K.expiring, id, f[16], state) end
     if state ~= nil then
       free_dedupe_key(dedupe_prefix, f[6], id)
       if streaming(events) then

@@ -72,6 +72,7 @@ def fits(spec: JobSpec) -> bool:
     return (not spec.tenant and not spec.key and spec.delay_ms is None and spec.at_ms is None
             and spec.debounce_ms is None and spec.debounce_max_ms is None
             and spec.throttle_ms is None and bool(spec.task) and not spec.parent
+            and not spec.expires and not spec.deadline
             and type(spec.priority) is int and 0 <= spec.priority <= 9
             and type(spec.max_attempts) is int and spec.max_attempts >= 1
             and type(spec.visibility_ms) is int and spec.visibility_ms > 0

@@ -21,14 +21,14 @@ KEYS: dict[str, tuple[str, ...]] = {
     "enqueue": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "counts",
                 "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix", "throttle_prefix",
                 "leases", "dead", "active", "seq", "events", "paused", "limits", "buckets",
-                "running", "parked", "waiters", "waiter_offers", "handoff_prefix"),
+                "running", "parked", "waiters", "waiter_offers", "handoff_prefix", "expiring"),
     "fetch": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "leases",
               "dead", "counts", "active", "seq", "dedupe_prefix", "events", "metrics_prefix",
               "wake", "paused", "limits", "buckets", "running", "parked", "waiters",
-              "waiter_offers", "suspended"),
+              "waiter_offers", "suspended", "expiring", "cancelling"),
     "finish": ("job_prefix", "leases", "delayed", "dead", "active", "idle", "dedupe_prefix",
                "events", "metrics_prefix", "wake", "counts", "running", "parked", "limits",
-               "ready_prefix", "ring_prefix", "priorities", "suspended"),
+               "ready_prefix", "ring_prefix", "priorities", "suspended", "expiring"),
     "heartbeat": ("job_prefix", "leases", "cancelling"),
     "release": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "leases", "counts",
                 "active", "wake", "running", "parked", "limits"),
@@ -77,6 +77,8 @@ class EnqueueArgv(NamedTuple):
     throttle_ms: str
     trace: str
     parent: str
+    expires: str
+    deadline: str
     dead_cap: int
     events_maxlen: int
     jobs: int
@@ -92,6 +94,7 @@ class FetchArgv(NamedTuple):
     nonce: str
     worker: str
     waiter_ttl_ms: int
+    retention: int
 
 
 class FinishArgv(NamedTuple):

@@ -148,6 +148,8 @@ class Consumer:
             self._notices.dead(queue, fetched.dead)
         if fetched.trimmed:
             self._notices.trimmed(queue, fetched.trimmed)
+        if fetched.expired:
+            self._notices.expired(queue, fetched.expired)
 
     async def _fetch(self, queue: str, free: int) -> tuple[calls.Fetched, int]:
         """Fetch from ``queue`` up to ``free`` jobs, or send again the fetch whose reply was
@@ -186,6 +188,8 @@ class Consumer:
             self._notices.dead(queue, handed.dead)
         if handed.trimmed:
             self._notices.trimmed(queue, handed.trimmed)
+        if handed.next_due_ms is not None:  # a deadline: the fetch then cancels the run
+            self.due_at(queue, handed.next_due_ms)
         jobs = [j for j in handed.jobs
                 if self._clock.seconds_until(handed.now_ms + j.visibility_ms) > 0]
         ended = [j for j in handed.jobs if j not in jobs]

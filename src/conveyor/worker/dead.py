@@ -32,7 +32,8 @@ HOOK_READ_TRIES = 8  # about 10 s of back-off
 
 
 class Callback(Hook):
-    """An ``on_dead`` callback as a hook (a function of the job's info, sync or async)."""
+    """An ``on_dead`` (or ``on_expire``) callback as a hook (a function of the job's info,
+    sync or async)."""
 
     def __init__(self, callback: Callable[[JobInfo], Any]) -> None:
         self.callback = callback
@@ -76,6 +77,14 @@ class DeadNotices:
         if hooks:
             task = asyncio.get_running_loop().create_task(self._tell(queue, short_ids, hooks))
             self._tasks.add(task)  # held until done: the loop keeps only weak references
+            task.add_done_callback(self._tasks.discard)
+
+    def expired(self, queue: str, short_ids: list[str]) -> None:
+        """These jobs of ``queue`` expired: tell the app's ``on_expire`` callbacks."""
+        hooks: list[Hook] = [Callback(callback) for callback in self.app.expire_hooks]
+        if hooks:
+            task = asyncio.get_running_loop().create_task(self._tell(queue, short_ids, hooks))
+            self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     def trimmed(self, queue: str, short_ids: list[str]) -> None:

@@ -179,6 +179,10 @@ class Outbox:
                 if c == calls.FINISH_DEAD]
         if dead:
             self.notices.dead(queue, dead)
+        expired = [o.short_id for o, c in zip(batch, done.codes, strict=True)
+                   if c == calls.FINISH_EXPIRED]
+        if expired:
+            self.notices.expired(queue, expired)
         if done.trimmed:
             self.notices.trimmed(queue, done.trimmed)
 

@@ -53,7 +53,7 @@ SWEEP_SECONDS = 20.0  # idle cost: one LRANGE per served queue per sweep (as lon
 # wake-up block, so an idle worker stays under half a command a second)
 BATCH = 500  # outbox entries per drain step
 RELEASE_CHUNK = 1000  # hand-overs per release call
-ENDED = (b"succeeded", b"dead", b"cancelled")
+ENDED = (b"succeeded", b"dead", b"cancelled", b"expired")
 
 
 def _reason(name: str, job_id: str, state: bytes, error: bytes | None) -> str:
@@ -61,6 +61,8 @@ def _reason(name: str, job_id: str, state: bytes, error: bytes | None) -> str:
     detail = (error or b"").decode(errors="replace")
     if state == b"dead":
         return f"parent {name!r} ({job_id}) is dead: {detail or 'no reason recorded'}"
+    if state == b"expired":
+        return f"parent {name!r} ({job_id}) expired: {detail}"
     return f"parent {name!r} ({job_id}) was cancelled" + (f": {detail}" if detail else "")
 
 

@@ -30,6 +30,8 @@ class JobSpec(NamedTuple):
     throttle_ms: float | None = None
     trace: str = ""
     parent: str = ""  # the job whose durable wait this one is (ctx.child)
+    expires: str = ""  # '' or must start by: '+<ms>' from the enqueue, or '<ms>' epoch
+    deadline: str = ""  # '' or must finish by, in the same forms
 
 
 def _parse_enqueue(
@@ -70,7 +72,8 @@ def enqueue(
         delay_ms=_opt(spec.delay_ms), at_ms=_opt(spec.at_ms), max_attempts=spec.max_attempts,
         key=spec.key, visibility_ms=spec.visibility_ms, debounce_ms=_opt(spec.debounce_ms),
         debounce_max_ms=_opt(spec.debounce_max_ms), throttle_ms=_opt(spec.throttle_ms),
-        trace=spec.trace, parent=spec.parent, dead_cap=limits.dead_cap,
+        trace=spec.trace, parent=spec.parent, expires=spec.expires,
+        deadline=spec.deadline, dead_cap=limits.dead_cap,
         events_maxlen=limits.events_maxlen,
         jobs=len(jobs))
     rest: list[Arg] = []

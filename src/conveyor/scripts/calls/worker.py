@@ -62,6 +62,7 @@ class Fetched:
     trimmed: list[str] = field(default_factory=list)
     held: bool = False  # limits held back ready jobs (they start when a limit frees)
     offered: int = 0  # free slots the fetch registered the worker as a waiter with
+    expired: list[str] = field(default_factory=list)  # jobs that ended expired meanwhile
 
 
 def _float(value: Any, default: float = 0.0) -> float:
@@ -116,7 +117,7 @@ def _leased_checked(f: Sequence[Any]) -> Leased:
 
 
 def _parse_fetch(reply: list[Any]) -> Fetched:
-    now, next_due, dead, flat, trimmed, held = reply
+    now, next_due, dead, flat, trimmed, held, expired = reply
     return Fetched(
         now_ms=float(now),
         next_due_ms=float(next_due) if next_due not in (b"", "") else None,
@@ -124,12 +125,14 @@ def _parse_fetch(reply: list[Any]) -> Fetched:
         jobs=[_leased(flat[i:i + 9]) for i in range(0, len(flat), 9)],
         trimmed=[_text(t) for t in trimmed],
         held=bool(int(held)),
+        expired=[_text(e) for e in expired],
     )
 
 
 def parse_handoff(entry: bytes) -> Fetched:
     """A hand-off list entry (include/handoff.lua): fields framed as ``<length>:<bytes>``;
-    now, the dead and the trimmed ids (each a count, then the ids), 9 fields per job.
+    now, the soonest deadline of the jobs ('' if none, include/expiry.lua), the dead and
+    the trimmed ids (each a count, then the ids), 9 fields per job.
 
     :raises ValueError: a mangled entry
     """
@@ -142,6 +145,7 @@ def parse_handoff(entry: bytes) -> Fetched:
             raise ValueError("hand-off entry cut short")
         fields.append(entry[colon + 1:end])
         at = end
+    soonest, fields = fields[1], fields[:1] + fields[2:]
     n_dead = int(fields[1])
     dead = fields[2:2 + n_dead]
     n_trimmed = int(fields[2 + n_dead])
@@ -149,7 +153,8 @@ def parse_handoff(entry: bytes) -> Fetched:
     if len(flat) % 9:
         raise ValueError("hand-off entry with a partial job")
     return Fetched(
-        now_ms=float(fields[0]), next_due_ms=None, dead=[_text(d) for d in dead],
+        now_ms=float(fields[0]), next_due_ms=float(soonest) if soonest else None,
+        dead=[_text(d) for d in dead],
         jobs=[_leased(flat[i:i + 9]) for i in range(0, len(flat), 9)],
         trimmed=[_text(t) for t in fields[3 + n_dead:3 + n_dead + n_trimmed]],
     )
@@ -174,7 +179,8 @@ def fetch(
     the worker's registration as a waiter of the queue is replaced: the slots the fetch
     left free are offered to the next enqueue (``Fetched.offered``), or none."""
     fixed = FetchArgv(_now(now), count, limits.dead_cap, limits.events_maxlen,
-                      limits.bucket_seconds, limits.bucket_ttl, _nonce(), worker, waiter_ttl_ms)
+                      limits.bucket_seconds, limits.bucket_ttl, _nonce(), worker, waiter_ttl_ms,
+                      limits.retention)
     if not worker or waiter_ttl_ms <= 0:
         return _call("fetch", k, fixed, (), _parse_fetch)
 
@@ -199,6 +205,7 @@ class Outcome:
 
 FINISH_REFUSED, FINISH_SUCCEEDED, FINISH_RETRYING, FINISH_DEAD = 0, 1, 2, 3
 FINISH_CANCELLED, FINISH_SNOOZED = 4, 5
+FINISH_EXPIRED = 8
 FINISH_SUSPENDED = (6, 7)  # suspended; or ready again, its wait over before it could suspend
 
 

@@ -81,11 +81,13 @@ local function hand_off_builder()
     parts[#parts + 1] = #text .. ':' .. text
   end
 
-  -- The entry a waiter pops: now, dead ids, trimmed ids (each a count, then the ids), then
-  -- 9 fields per job as in fetch's reply.
-  local function handoff_entry(now, out, jobs)
+  -- The entry a waiter pops: now, the soonest deadline of its jobs ('' if none: the worker
+  -- fetches then, include/expiry.lua), dead ids, trimmed ids (each a count, then the ids),
+  -- then 9 fields per job as in fetch's reply.
+  local function handoff_entry(now, out, jobs, soonest)
     local parts = {}
     framed(parts, string.format('%.3f', now))
+    framed(parts, soonest and string.format('%d', soonest) or '')
     for _, ids in ipairs({ out.dead, out.trimmed }) do
       framed(parts, #ids)
       for _, id in ipairs(ids) do framed(parts, id) end
@@ -95,7 +97,8 @@ local function hand_off_builder()
   end
 
   return function(k, cfg, now, want, w)
-    local tally, out, acc = new_tally(), { dead = {}, trimmed = {} }, new_lease_batch(w.worker)
+    local tally, acc = new_tally(), new_lease_batch(w.worker)
+    local out = { dead = {}, trimmed = {}, expired = {} }
     local taken, _, lim = claim_ready(k, now, want, lease_taker(k, cfg, tally, out, now,
       want, w.nonce, acc))
     record_leases(k, tally, acc)
@@ -104,7 +107,7 @@ local function hand_off_builder()
     if taken > 0 or #out.dead > 0 then
       drop_waiter(k, w.worker)  -- a registration serves one enqueue
       local list = k.handoff_prefix .. w.worker
-      redis.call('RPUSH', list, handoff_entry(now, out, acc.jobs))
+      redis.call('RPUSH', list, handoff_entry(now, out, acc.jobs, acc.soonest))
       local longest = 0
       for i = 9, #acc.jobs, 9 do longest = math.max(longest, tonumber(acc.jobs[i]) or 0) end
       redis.call('PEXPIRE', list, longest + HANDOFF_KEEP_MS)

@@ -4,6 +4,7 @@
 --@include counter
 --@include metrics
 --@include records
+--@include expiry
 
 -- holder: the id of the worker that fetched these leases, or that an enqueue hands them to
 -- (include/handoff.lua); '' when the caller named none. A leased record names its holder
@@ -51,11 +52,24 @@ end
 -- into no table of names: the path of almost every job. Anything else (another state, a
 -- bad field, no record, a key that holds no hash) returns false, for the careful path that
 -- reads the record whole.
+-- A job past the time it must start by ('x', include/expiry.lua) is not leased: it ends
+-- expired here ('expired' is returned), whatever the timer has done yet. One leased with a
+-- deadline keeps its timer, at the deadline; one without has none left to keep.
 local function lease_ready(k, acc, now, want, nonce, id, key)
   local f = redis.pcall('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'e',
-    'run_at', 'a')
+    'run_at', 'a', 'x', 'dl')
   if f[1] ~= 'ready' or not runnable_fields(f[2], f[3], f[4], f[5]) then return false end
   acc.popped_ready = acc.popped_ready + 1
+  if f[11] then
+    if now >= (tonumber(f[11]) or now) then return 'expired' end
+    local deadline = tonumber(f[12])
+    if deadline then
+      redis.call('ZADD', k.expiring, deadline, id)
+      if not acc.soonest or deadline < acc.soonest then acc.soonest = deadline end
+    else
+      redis.call('ZREM', k.expiring, id)
+    end
+  end
   grant(k, acc, now, want, nonce, id, key, f)
   return true
 end
@@ -67,10 +81,17 @@ end
 local function lease_taker(k, cfg, tally, out, now, want, nonce, acc)
   return function(id)
     local key = k.job_prefix .. id
-    if lease_ready(k, acc, now, want, nonce, id, key) then return true end
+    local leased = lease_ready(k, acc, now, want, nonce, id, key)
+    if leased == 'expired' then
+      end_expired(k, cfg, tally, now, id, expiry_fields(key), false, out)
+      return false
+    elseif leased then
+      return true
+    end
     local r = read_record(key, true)
-    -- A cancelled job's record starts to expire now that no list names it (see cancel.lua).
-    if r.state == 'cancelled' then
+    -- A cancelled or expired job's record starts to expire now that no list names it (see
+    -- cancel.lua, include/expiry.lua).
+    if r.state == 'cancelled' or r.state == 'expired' then
       redis.call('EXPIRE', key, tonumber(redis.call('HGET', key, 'keep')) or 86400)
     else
       acc.popped_ready = acc.popped_ready + 1

@@ -8,6 +8,7 @@
 --@include metrics
 --@include ready
 --@include records
+--@include expiry
 
 -- Move due delayed jobs to the front of their ready lists, earliest due first: they have
 -- already waited, so they go ahead of jobs of their priority and tenant queued without delay.
@@ -169,6 +170,7 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
         back_to_ready(k, id, r, 'error', err)
         count(tally, r.task, 'retried', 1)
       end
+      rearm_expiry(k.expiring, id, redis.call('HGET', key, 'x'))
     elseif r.state == nil and redis.call('EXISTS', key) == 0 then
       recount = true
     else

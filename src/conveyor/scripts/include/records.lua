@@ -8,7 +8,7 @@
 --@include key_types
 
 local JOB_STATES = { scheduled = true, ready = true, active = true, succeeded = true,
-  retrying = true, dead = true, cancelled = true, suspended = true }
+  retrying = true, dead = true, cancelled = true, suspended = true, expired = true }
 
 local function quoted(value)
   return "'" .. string.sub(tostring(value), 1, 40) .. "'"

@@ -5,6 +5,7 @@
 --@include finish
 --@include flow
 --@include suspend
+--@include expiry
 
 -- The fields of a job's event (see emit_event), from the record's fields f as finish reads
 -- them (task f[3], attempts f[4], enqueued_at f[7], run_at f[8], tenant f[9], priority
@@ -20,8 +21,12 @@ end
 -- (f[11] is the cancel reason); a retry with no attempt left, or a snooze past the cap, is
 -- dead. f holds the record's fields as finish reads them (attempts f[4], max f[5], snoozes
 -- f[12]).
-local function final_outcome(outcome, payload, f, snooze_cap)
-  if f[11] then return 'cancelled', f[11] end
+local function final_outcome(outcome, payload, f, snooze_cap, now)
+  if f[11] then
+    -- Cancelled because its deadline passed (f[17], include/expiry.lua): expired.
+    if f[17] and now >= (tonumber(f[17]) or now) then return 'expired', f[11] end
+    return 'cancelled', f[11]
+  end
   if outcome == 'retry' and (tonumber(f[4]) or 1) >= (tonumber(f[5]) or DEFAULT_MAX_ATTEMPTS) then
     return 'dead', payload
   end
@@ -87,8 +92,16 @@ local function suspended_event(events, events_maxlen, key, id, f, started_at, no
   emit_event(events, events_maxlen, id, job)
 end
 
-local function settle_cancelled(key, reason, started_at, now_s, retention)
-  redis.call('HSET', key, 's', 'cancelled', 'token', '', 'error', reason,
+-- A job with a time to start or finish by (f[16], include/expiry.lua) that is to wait
+-- again (state nil: a retry, a snooze, a suspension) is back on that timer; one that
+-- ended is off it.
+local function track_expiry(expiring, id, start_by, state)
+  if state == nil then rearm_expiry(expiring, id, start_by)
+  else redis.call('ZREM', expiring, id) end
+end
+
+local function settle_cancelled(key, reason, started_at, now_s, retention, state)
+  redis.call('HSET', key, 's', state or 'cancelled', 'token', '', 'error', reason,
     'started_at', started_at, 'finished_at', now_s)
   redis.call('EXPIRE', key, retention)
 end
