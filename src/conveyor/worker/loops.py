@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .backoff import pause_after
+from .backoff import CONNECTION_ERRORS, pause_after
 
 __all__ = ["LoopDied", "Loops", "where"]
 
@@ -63,8 +63,12 @@ class Loops:
                 failures += 1
                 self.restarts[name] = self.restarts.get(name, 0) + 1
                 pause = pause_after(failures)
-                log.warning("%s failed (%s: %s); restarting it in %.2f s", name,
-                            type(exc).__name__, exc, pause, exc_info=failures == 1)
+                # Redis out of reach is expected now and then: one line when it starts,
+                # without a traceback; any other error shows where it came from.
+                expected = isinstance(exc, CONNECTION_ERRORS)
+                level = logging.DEBUG if expected and failures > 1 else logging.WARNING
+                log.log(level, "%s failed (%s: %s); restarting it in %.2f s", name,
+                        type(exc).__name__, exc, pause, exc_info=failures == 1 and not expected)
                 await asyncio.sleep(pause)
                 continue
             raise LoopDied(f"{name} returned; a worker loop must run until the worker stops")
