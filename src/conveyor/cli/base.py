@@ -68,3 +68,17 @@ def app_options(func: Callable[..., Any]) -> Callable[..., Any]:
     wrapper.__doc__ = func.__doc__
     wrapper.__name__ = func.__name__
     return wrapper
+
+
+def known_queue(app: Conveyor, queue: str) -> str:
+    """``queue`` if it ever received a job (or a task of the app names it).
+
+    :raises click.ClickException: it is unknown (a misspelling, or another namespace)
+    """
+    known = app.known_queues()
+    if queue in known:
+        return queue
+    listed = ", ".join(known[:20]) if known else "none yet"
+    raise click.ClickException(
+        f"unknown queue {queue!r} in namespace {app.namespace!r} (known queues: {listed});"
+        " check the name, --namespace or --app")

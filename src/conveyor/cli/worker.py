@@ -7,12 +7,12 @@ import time
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from .. import logs
 from ..app import Conveyor
 from ..clock import server_now
 from .base import VERBOSE_KEY, load_app, main
+from .layout import NAME, Column, view
 
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 
@@ -105,6 +105,10 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
                log_format=log_format).run()
 
 
+FLEET_COLUMNS = [Column("worker", NAME), Column("queues", NAME), Column("concurrency"),
+                 Column("jobs now"), Column("processed"), Column("up (s)")]
+
+
 def show_fleet(app: Conveyor, console: Console) -> None:
     """Print the live workers and the supervisors with their latest decisions."""
     from ..fleet.published import live_supervisors
@@ -113,13 +117,10 @@ def show_fleet(app: Conveyor, console: Console) -> None:
     now = server_now(app.redis)  # workers stamp their start by the server's clock
     workers = live_workers(app, now=now)
     if workers:
-        table = Table("worker", "queues", "concurrency", "jobs", "processed", "up",
-                      title=f"workers ({len(workers)} live)")
-        for w in workers:
-            up = "-" if w.started_at is None else f"{max(0.0, now - w.started_at):.0f} s"
-            table.add_row(w.id, ",".join(w.queues), str(w.concurrency), str(w.jobs),
-                          str(w.processed), up)
-        console.print(table)
+        rows = [[w.id, ",".join(w.queues), str(w.concurrency), str(w.jobs), str(w.processed),
+                 "-" if w.started_at is None else f"{max(0.0, now - w.started_at):.0f}"]
+                for w in workers]
+        console.print(view(console, f"workers ({len(workers)} live)", FLEET_COLUMNS, rows))
     else:
         console.print("no live workers")
     for sup in live_supervisors(app):
