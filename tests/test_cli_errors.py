@@ -76,7 +76,8 @@ def test_a_command_with_a_bad_url_says_so_in_one_line(url: str, why: str) -> Non
 COMMANDS = [
     ("info",), ("stats",), ("stats", "--json"), ("dead", "list", "cli"),
     ("dead", "purge", "cli", "--yes"), ("job", "cli~abc"), ("advice", "cli"),
-    ("cancel", "cli~abc"), ("workflow", "wf~abc"),
+    ("cancel", "cli~abc"), ("workflow", "wf~abc"), ("dead", "requeue", "cli", "--yes"),
+    ("pause", "cli"), ("resume", "cli"),
     ("top", "-n", "1"), ("limits", "cli"),
 ]
 

@@ -226,7 +226,9 @@ def report(db: str, table: str, since: str | None, as_json: bool) -> None:
 
 @main.command()
 @click.option("-p", "--port", default=9808, show_default=True)
-@click.option("--addr", default="0.0.0.0", show_default=True)
+@click.option("--addr", default="127.0.0.1", show_default=True,
+              help="Address to bind (loopback, like the dashboard; 0.0.0.0 for every"
+                   " interface, for a Prometheus on another host).")
 @click.option("-q", "--queue", "queues", multiple=True, help="Queue (default: all, as seen).")
 @app_options
 def metrics(app: Conveyor, port: int, addr: str, queues: tuple[str, ...]) -> None:
