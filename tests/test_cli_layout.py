@@ -94,7 +94,9 @@ def test_every_read_command_has_json(worked: conveyor.Conveyor, args: tuple[str,
 
 
 def test_an_unknown_queue_is_an_error(worked: conveyor.Conveyor) -> None:
-    for args in (("dead", "list", QUEUE + "x"), ("dead", "purge", QUEUE + "x", "--yes")):
+    for args in (("dead", "list", QUEUE + "x"), ("dead", "purge", QUEUE + "x", "--yes"),
+                 ("dead", "requeue", QUEUE + "x", "--yes"), ("stats", "-q", QUEUE + "x"),
+                 ("advice", QUEUE + "x")):
         done = cli(worked, 80, *args, ok=False)
         assert done.returncode == 1
         assert f"unknown queue '{QUEUE}x'" in done.stderr and QUEUE in done.stderr

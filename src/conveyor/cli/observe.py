@@ -19,7 +19,7 @@ from ..app import Conveyor
 from ..clock import server_now
 from ..monitor import Stats
 from ..monitor.advice import duration
-from .base import app_options, main
+from .base import app_options, known_queue, main
 from .layout import NAME, Column, seconds, view
 
 console = Console()
@@ -80,6 +80,8 @@ def backlog_view(app: Conveyor, queues: list[str]) -> RenderableType:
 def stats(app: Conveyor, queue: str | None, task: str | None, window: float,
           as_json: bool) -> None:
     """Throughput, failures and wait/run percentiles per task type over a window."""
+    if queue is not None:
+        known_queue(app, queue)
     rows = [s for s in app.monitor.stats_by_task(queue, window) if task in (None, s.task)]
     total = app.monitor.stats(task=task, queue=queue, window=window)
     if as_json:
@@ -145,6 +147,7 @@ def parse_deadline(text: str | None, clock: Callable[[], float] = time.time) -> 
 def advice(app: Conveyor, queue: str, target_wait: float, deadline: str | None, window: float,
            as_json: bool) -> None:
     """How many workers QUEUE needs, how long its backlog takes to drain, and why."""
+    known_queue(app, queue)
     try:
         due = parse_deadline(deadline, lambda: server_now(app.redis))
     except ValueError as exc:
