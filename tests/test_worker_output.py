@@ -151,3 +151,22 @@ def test_a_stop_while_redis_is_down_ends_the_worker(cli_app: tuple[ModuleType, s
     finally:
         stop_processes([worker.proc])
     assert "Traceback" not in worker.text()
+
+
+def test_redis_lost_while_running_is_one_line_then_one_when_back(
+        cli_app: tuple[ModuleType, str], make_server: type[RedisServer]) -> None:
+    _, namespace = cli_app
+    server = make_server().start()
+    worker = Worker(server.url, namespace)
+    try:
+        worker.wait_for("ready:")
+        server.stop()
+        lost = worker.wait_for("lost Redis")
+        assert f"ERROR conveyor.worker: lost Redis at {server.url}: connection refused" in lost
+        server.start()
+        worker.wait_for(f"Redis at {server.url} answers again after")
+        text = worker.text()
+        assert text.count("lost Redis") == 1 and "Traceback" not in text
+        assert "could not fetch" not in text and "failed (ConnectionError" not in text
+    finally:
+        stop_processes([worker.proc])

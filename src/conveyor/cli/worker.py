@@ -92,6 +92,7 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
     verbose = ctx.meta.get(VERBOSE_KEY, 0)
     logs.configure(verbose, log_format, worker=True)
     app = load_app(app_spec)
+    logs.OUTAGES.url = app.url
     if processes is None and bounds is None and max_jobs_per_child is None and memory is None:
         app.worker(queues=list(queues) or None, concurrency=concurrency,
                    grace=grace).run(burst=burst)

@@ -164,6 +164,7 @@ def main(options: ChildOptions, conn: Connection) -> None:
     reporter: Reporter | None = None
     try:
         app = import_app(options.app_spec)
+        logs.OUTAGES.url = app.url
         # supervised: the supervisor replaces this process if a job gets stuck
         worker = app.worker(queues=list(options.queues) or None,
                             concurrency=options.concurrency, grace=options.grace,

@@ -122,7 +122,8 @@ class Consumer:
             except REDIS_ERRORS as exc:
                 self._fetch_failed(queue, exc)
                 continue
-            self._fetch_backoff.succeeded(queue)
+            if self._fetch_backoff.succeeded(queue):
+                log.info("fetching from queue %s again", queue, extra={"redis_back": True})
             self._fetched(queue, fetched, want, wakes)
             # A fetch sent again may have leased for more slots than are free now (jobs
             # were handed over meanwhile): the rest goes back at once, attempt refunded.
