@@ -67,7 +67,8 @@ def _connection_error(record: logging.LogRecord) -> BaseException | None:
 class OutageFilter(logging.Filter):
     """Turns the lines of every part of a worker that met Redis out of reach into one line
     when it starts, one every :data:`SAY_EVERY` seconds while it lasts, and one when Redis
-    answers again (a record with ``redis_back`` set says so).
+    answers again (the first record with ``redis_back`` set, which a part of the worker
+    logs when a call succeeds after failures; the others are dropped).
 
     :param url: the Redis URL to name (set once the application is loaded)
     """
@@ -87,7 +88,7 @@ class OutageFilter(logging.Filter):
         now = time.monotonic()
         if getattr(record, "redis_back", False):
             if self.began is None:
-                return True
+                return False  # no outage was said: nothing to close
             record.msg, record.args = "Redis%s answers again after %.0f s", (
                 self._where(), now - self.began)
             self.began = None

@@ -36,6 +36,8 @@ def cause(exc: BaseException) -> tuple[str, str]:
         return "no answer in time", "the host and port, and any firewall between"
     if "refused" in text.lower():
         return "connection refused", "that redis-server is running and listens there"
+    if "reset by peer" in text or "closed by server" in text.lower():
+        return "the connection was cut", "that redis-server is still running"
     if "not known" in text or "resolution" in text or "getaddrinfo" in text:
         return "unknown host", "the host name in the URL"
     if "No such file" in text:
