@@ -106,7 +106,9 @@ def stacked(title: str | None, columns: Sequence[Column], rows: Sequence[Sequenc
     parts: list[RenderableType] = []
     if title:
         parts.append(Text(title, style="bold"))
-    for row in rows:
+    for n, row in enumerate(rows):
+        if n:
+            parts.append(Text())  # a blank line between blocks: each reads as one record
         names = [value for column, value in zip(columns, row, strict=True)
                  if column.kind == NAME and value]
         figures = [Text.assemble((f"{column.header} ", "dim"), value)

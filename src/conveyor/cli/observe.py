@@ -51,7 +51,7 @@ STATS_COLUMNS = [Column("queue", NAME), Column("task", NAME), Column("enqueued")
 
 
 def stats_view(rows: list[Stats], title: str) -> RenderableType:
-    cells = [[s.queue or "*", s.task or "(all tasks)", str(s.enqueued), str(s.succeeded),
+    cells = [[s.queue or "(all queues)", s.task or "(all tasks)", str(s.enqueued), str(s.succeeded),
               str(s.failed), str(s.dead), f"{s.throughput:.2f}", seconds(s.wait.p50),
               seconds(s.wait.p95), seconds(s.wait.p99), seconds(s.run.p50),
               seconds(s.run.p95), seconds(s.run.p99)] for s in rows]
