@@ -1,9 +1,9 @@
 """Waiting for Redis when a worker starts: one clear line, not a traceback per loop.
 
 A worker started before its Redis (a deploy that brings both up, a Redis restarting)
-says once that it cannot reach it, naming the URL (without the password) and the cause,
-then tries again with back-off, saying so at most every :data:`SAY_EVERY` seconds, and
-says when it got through. Only then do its loops start.
+says once that it cannot reach it, naming the URL (without the password), the cause and
+what to check, then tries again with back-off, saying so at most every :data:`SAY_EVERY`
+seconds, and says when it got through. Only then do its loops start.
 """
 
 from __future__ import annotations
@@ -14,16 +14,12 @@ import logging
 import time
 from typing import Any
 
+from ..unreachable import cause, describe
 from ..urls import public_url
 from .backoff import REDIS_ERRORS, pause_after
 
 log = logging.getLogger("conveyor.worker")
 SAY_EVERY = 30.0  # seconds between "still cannot reach" lines
-
-
-def cause(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 async def wait_for_redis(client: Any, url: str, stop: asyncio.Event) -> bool:
@@ -37,13 +33,12 @@ async def wait_for_redis(client: Any, url: str, stop: asyncio.Event) -> bool:
             failures += 1
             now = time.monotonic()
             if failures == 1:
-                log.error("cannot reach Redis at %s (%s); is redis-server running there? "
-                          "Trying again until it answers", public_url(url), cause(exc),
+                log.error("%s. Trying again until it answers", describe(exc, url),
                           extra={"redis": public_url(url)})
             elif now - said >= SAY_EVERY:
                 said = now
-                log.warning("still cannot reach Redis at %s after %.0f s (%s)",
-                            public_url(url), now - began, cause(exc))
+                log.warning("still cannot reach Redis at %s after %.0f s: %s",
+                            public_url(url), now - began, cause(exc)[0])
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), pause_after(failures))
             continue
