@@ -60,7 +60,8 @@ def test_worker_burst_job_and_dead_commands(cli) -> None:  # type: ignore[no-unt
     dead = json.loads(run("dead", "list", "cli", "--json", "--app", "apps.cli_app:app").stdout)
     assert [d["id"] for d in dead] == [bad.id]
     assert "ValueError: negative input -1" in dead[0]["error"]
-    assert "requeued 1 job(s)" in run("dead", "requeue", "cli", "--app", "apps.cli_app:app").stdout
+    assert "requeued 1 job(s)" in run("dead", "requeue", "cli", "--yes",
+                                            "--app", "apps.cli_app:app").stdout
     assert bad.info().state.value == "ready"
     run("worker", "apps.cli_app:app", "-q", "cli", "--burst")
     assert bad.info().state.value == "dead"

@@ -49,8 +49,9 @@ def test_stats_shows_jobs_held_per_tenant(app: conveyor.Conveyor) -> None:
         spec = calls.JobSpec(task="emails.send", tenant=tenant)
         app.store("emails", spec, [(f"{tenant}{i}", b"[[]]") for i in range(3)])
     app.scripts.run(calls.fetch(k, 10, app.limits))  # one each runs, the rest is held
+    env = {**env_with_src(), "COLUMNS": "160"}  # wide enough for one table per view
     done = subprocess.run([CONVEYOR, "stats", "--url", app.url, "--namespace", app.namespace],
-                          env=env_with_src(), capture_output=True, text=True, timeout=60)
+                          env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "held by limits" in done.stdout
     assert any("acme" in line and " 2 " in line for line in done.stdout.splitlines())

@@ -112,7 +112,7 @@ def test_second_signal_stops_children_at_once(launch: Any) -> None:
     jobs = sup.app.tasks["supervised.work"].enqueue_many([(f"s{n}", 30) for n in range(2)])
     sup.wait(lambda: len(sup.runs()) == 2, 15, "both long jobs to start")
     sup.signal(signal.SIGTERM)
-    sup.wait(lambda: "waiting up to 60.0 s for 1 running" in sup.log(), 10,
+    sup.wait(lambda: "draining 1 running job(s) for up to 60 s" in sup.log(), 10,
              "the children to start draining")
     assert sup.process is not None and sup.process.poll() is None  # the jobs take 30 s
     began = time.monotonic()

@@ -313,3 +313,32 @@ def test_jobs_no_fetch_has_seen_yet_show_as_new(app: conveyor.Conveyor, served: 
     new.wait_for()
     assert new.locator("td").nth(1).inner_text() == str(incoming)
     assert page.locator("#priorities tbody tr", has_text="acme").count() == 1
+
+
+def test_overview_with_redis_down_says_so_then_recovers(make_server: Any, page: Any) -> None:
+    from helpers import RedisServer
+
+    server: RedisServer = make_server()  # its port is free: nothing listens yet
+    app = conveyor.Conveyor(server.url, namespace="outage")
+    port = free_port()
+    web = uvicorn.Server(uvicorn.Config(create_app(app, cache_seconds=0), host="127.0.0.1",
+                                        port=port, log_level="critical", lifespan="off"))
+    thread = threading.Thread(target=web.run, daemon=True)
+    thread.start()
+    wait_until(lambda: web.started, 15, message="uvicorn start")
+    try:
+        page.goto(f"http://127.0.0.1:{port}/")
+        banner = page.locator("#outage")
+        banner.wait_for(state="visible")
+        assert banner.inner_text().startswith(f"cannot reach Redis at {server.url}:"
+                                              " connection refused")
+        assert page.locator("#live").inner_text() == "offline"
+        shot(page, "overview-redis-down.png")
+        server.start()
+        banner.wait_for(state="hidden")
+        page.locator("#live", has_text="live").wait_for()
+        assert page.title() == "Overview · conveyor"
+    finally:
+        web.should_exit = True
+        thread.join(15)
+        app.close()

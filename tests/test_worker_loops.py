@@ -145,3 +145,37 @@ def test_a_task_that_swallows_its_cancellation_does_not_hold_the_stop(
     logged = caplog.text
     assert "wake listener did not stop" in logged and "stubborn" in logged
     assert "did not stop within 1.0 s of being cancelled" in logged and "stray" in logged
+
+
+def test_a_loop_whose_client_turned_the_cancellation_into_an_error_still_stops(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A cancellation that arrives during a Redis call may come out as a connection
+    error; the loop takes it for a fault and pauses. The stop cancels it again there."""
+    import redis.exceptions
+
+    from conveyor.worker.loops import Loops
+
+    async def call() -> None:
+        try:
+            await asyncio.sleep(3600)  # on the wire
+        except asyncio.CancelledError:
+            raise redis.exceptions.ConnectionError("Connection closed by server.") from None
+
+    async def in_a_call_then_pausing() -> None:
+        while True:
+            try:
+                await call()
+            except redis.exceptions.ConnectionError:
+                await asyncio.sleep(10)  # the loop's pause before it tries again
+
+    async def run() -> float:
+        loops = Loops(on_fatal=lambda exc: None)
+        loops.start("registry", in_a_call_then_pausing)
+        await asyncio.sleep(0.05)
+        began = time.monotonic()
+        await loops.cancel(timeout=5.0)
+        return time.monotonic() - began
+
+    took = asyncio.run(run())
+    assert took < 1.0, f"the loop held the stop {took:.1f} s"
+    assert "did not stop" not in caplog.text

@@ -19,6 +19,7 @@ from .hooks import Hook
 from .job import Job, JobInfo
 from .scripts import AsyncScriptRunner, ScriptRunner, calls
 from .task import AsyncTask, ExceptionClasses, Task
+from .urls import check_url, public_url
 from .workflow import Workflow, WorkflowHandle
 from .workflow import batch as _batch
 
@@ -51,6 +52,7 @@ class Conveyor:
     """A conveyor application: where jobs are stored and which tasks exist.
 
     :param url: Redis URL; default ``$CONVEYOR_REDIS_URL``, else ``redis://127.0.0.1:6379/0``
+        (checked now: see :func:`conveyor.urls.check_url` for the schemes accepted)
     :param namespace: prefix of every key, so several applications can share a Redis
     :param encoding: ``"json"`` (default) or ``"msgpack"`` for arguments and results
     :param max_payload: largest encoded argument payload accepted, in bytes (default 1 MiB)
@@ -73,7 +75,7 @@ class Conveyor:
         durable_replicas: int = 1,
         durable_timeout: float = 1.0,
     ) -> None:
-        self.url = url or os.environ.get("CONVEYOR_REDIS_URL") or DEFAULT_URL
+        self.url = check_url(url or os.environ.get("CONVEYOR_REDIS_URL") or DEFAULT_URL)
         if not namespace or any(c in namespace for c in "{}"):
             raise ConfigurationError(f"namespace must be non-empty without braces: {namespace!r}")
         self.namespace = namespace
@@ -95,7 +97,8 @@ class Conveyor:
         self._sender: producer.Sender = producer.RedisSender(self)
 
     def __repr__(self) -> str:
-        return f"<Conveyor {self.url} namespace={self.namespace!r} tasks={len(self.tasks)}>"
+        return (f"<Conveyor {public_url(self.url)} namespace={self.namespace!r}"
+                f" tasks={len(self.tasks)}>")
 
     # -- clients ---------------------------------------------------------------------------
 

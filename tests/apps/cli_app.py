@@ -1,6 +1,7 @@
 """A small application for the CLI tests (queues 'cli' and 'cron')."""
 
 import os
+import time
 
 import conveyor
 
@@ -17,3 +18,13 @@ def double(x: int) -> int:
 
 @app.periodic("*/5 * * * *", queue="cron", name="cli.rollup")
 def rollup() -> None: ...
+
+
+@app.task(name="cli.always_fails", queue="cli", retries=1, backoff=0.01)
+def always_fails(x: int) -> None:
+    raise RuntimeError(f"failed on {x}\nsecond line of the message")
+
+
+@app.task(name="cli.sleep", queue="cli")
+def sleep(seconds: float) -> None:
+    time.sleep(seconds)

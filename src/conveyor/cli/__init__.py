@@ -11,6 +11,7 @@ from . import demo as _demo  # noqa: F401
 from . import flow as _flow  # noqa: F401
 from . import inspect as _inspect  # noqa: F401
 from . import observe as _observe  # noqa: F401
+from . import top as _top  # noqa: F401
 from . import waits as _waits  # noqa: F401
 from . import worker as _worker  # noqa: F401
 from . import workflow as _workflow  # noqa: F401

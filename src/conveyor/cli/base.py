@@ -11,17 +11,23 @@ import click
 from ..app import Conveyor
 from ..errors import ConfigurationError
 from ..loading import import_app
+from .failures import URL_KEY, ConveyorGroup
+
+VERBOSE_KEY = "conveyor.verbose"  # -v count, for commands that set up their own logging
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=ConveyorGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="conveyor")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
-def main(verbose: int) -> None:
+@click.pass_context
+def main(ctx: click.Context, verbose: int) -> None:
     """conveyor: a reliable, fair, precisely scheduled task queue on Redis.
 
     Commands that read or change queues find Redis through --app MODULE:APP, else --url,
     else $CONVEYOR_REDIS_URL, else redis://127.0.0.1:6379/0.
     """
+    ctx.meta[VERBOSE_KEY] = verbose
     level = logging.WARNING - 10 * verbose
     logging.basicConfig(level=max(logging.DEBUG, level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -33,9 +39,11 @@ def load_app(spec: str) -> Conveyor:
     :raises click.BadParameter: the module or the attribute is missing, or is not an app
     """
     try:
-        return import_app(spec)
+        app = import_app(spec)
     except ConfigurationError as exc:
         raise click.BadParameter(str(exc)) from exc
+    click.get_current_context().meta[URL_KEY] = app.url
+    return app
 
 
 def app_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -49,9 +57,28 @@ def app_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @click.pass_context
     def wrapper(ctx: click.Context, /, app_spec: str | None, url: str | None, namespace: str,
                 **kwargs: Any) -> Any:
-        app = load_app(app_spec) if app_spec else Conveyor(url, namespace=namespace)
+        if app_spec:
+            app = load_app(app_spec)
+        else:
+            ctx.meta[URL_KEY] = url
+            app = Conveyor(url, namespace=namespace)
+            ctx.meta[URL_KEY] = app.url  # with the default filled in
         return ctx.invoke(func, app=app, **kwargs)
 
     wrapper.__doc__ = func.__doc__
     wrapper.__name__ = func.__name__
     return wrapper
+
+
+def known_queue(app: Conveyor, queue: str) -> str:
+    """``queue`` if it ever received a job (or a task of the app names it).
+
+    :raises click.ClickException: it is unknown (a misspelling, or another namespace)
+    """
+    known = app.known_queues()
+    if queue in known:
+        return queue
+    listed = ", ".join(known[:20]) if known else "none yet"
+    raise click.ClickException(
+        f"unknown queue {queue!r} in namespace {app.namespace!r} (known queues: {listed});"
+        " check the name, --namespace or --app")

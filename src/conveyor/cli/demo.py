@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import shlex
 import shutil
 import socket
 import statistics
@@ -20,9 +22,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..urls import public_url
 from .base import main
 
 if TYPE_CHECKING:
+    from ..app import Conveyor
     from ..job import Job
 
 console = Console()
@@ -36,15 +40,19 @@ def _answers(url: str) -> bool:
         return False
 
 
+FROM_ENV, LOCAL, PRIVATE = "$CONVEYOR_REDIS_URL", "the Redis on 127.0.0.1:6379", "private"
+
+
 @contextlib.contextmanager
-def redis_for_demo() -> Iterator[str]:
-    """$CONVEYOR_REDIS_URL, else a local Redis on 6379, else a private server for the demo."""
+def redis_for_demo() -> Iterator[tuple[str, str]]:
+    """$CONVEYOR_REDIS_URL, else a local Redis on 6379, else a private server for the demo;
+    with where it came from (:data:`FROM_ENV`, :data:`LOCAL` or :data:`PRIVATE`)."""
     url = os.environ.get("CONVEYOR_REDIS_URL")
     if url:
-        yield url
+        yield url, FROM_ENV
         return
     if _answers("redis://127.0.0.1:6379/0"):
-        yield "redis://127.0.0.1:6379/0"
+        yield "redis://127.0.0.1:6379/0", LOCAL
         return
     binary = shutil.which("redis-server")
     if binary is None:
@@ -67,8 +75,7 @@ def redis_for_demo() -> Iterator[str]:
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise click.ClickException("the private redis-server did not start")
             time.sleep(0.05)
-        console.print(f"[dim]started a private redis-server on port {port}[/dim]")
-        yield url
+        yield url, PRIVATE
     finally:
         proc.terminate()
         proc.wait(10)
@@ -85,20 +92,55 @@ def _pct(values: list[float], q: float) -> float:
 @main.command()
 @click.option("-c", "--concurrency", default=32, show_default=True)
 @click.option("--scale", default=5, show_default=True, help="Multiply the number of batches.")
-def demo(concurrency: int, scale: int) -> None:
+@click.option("--clean", is_flag=True, help="Delete the demo's keys afterwards.")
+def demo(concurrency: int, scale: int, clean: bool) -> None:
     """Send a newsletter for five tenants through conveyor and report how it went.
 
     Uses $CONVEYOR_REDIS_URL, else Redis on 127.0.0.1:6379, else starts a private
     redis-server for the run. Some batches fail and are retried; two always fail and end in
     the dead letters; some are scheduled for later; urgent emails jump the queue.
+    The jobs stay in Redis, in a namespace of their own, for the commands it prints at the
+    end (--clean deletes them; a private redis-server takes them with it).
     """
     os.environ.setdefault("CONVEYOR_DEMO_NAMESPACE", f"conveyor-demo-{os.getpid()}")
-    with redis_for_demo() as url:
+    # The summary lists the dead letters; a log line for each would break the progress bar.
+    logging.getLogger("conveyor.jobs").setLevel(logging.ERROR)
+    with redis_for_demo() as (url, origin):
         os.environ["CONVEYOR_REDIS_URL"] = url
         from .. import demo as demo_app
 
         demo_app.app.url = url
+        where = "a private redis-server for this run, removed at the end" \
+            if origin == PRIVATE else origin
+        console.print(f"Redis: [bold]{public_url(url)}[/bold] ({where}); namespace"
+                      f" [bold]{demo_app.app.namespace}[/bold]", highlight=False)
         _run(demo_app, concurrency, scale)
+        if clean:
+            _clean_up(demo_app.app)
+            console.print(f"deleted the keys of namespace {demo_app.app.namespace}")
+        elif origin == PRIVATE:
+            console.print("The private redis-server goes now, and the jobs with it; start"
+                          " Redis on 127.0.0.1:6379 (or set CONVEYOR_REDIS_URL) to keep them.")
+        else:
+            _next_steps(url, demo_app.app.namespace, origin)
+
+
+def _next_steps(url: str, namespace: str, origin: str) -> None:
+    """What to type next: the demo's jobs are still in Redis. A URL from the environment
+    is not repeated (it may hold a password, and the commands read it there too)."""
+    server = '"$CONVEYOR_REDIS_URL"' if origin == FROM_ENV else shlex.quote(url)
+    where = f"--namespace {shlex.quote(namespace)}"
+    if origin != FROM_ENV:
+        where = f"--url {server} {where}"
+    console.print("The jobs stay in Redis. Look at them with:", highlight=False)
+    for line in (f"conveyor info {where}", f"conveyor stats {where}",
+                 f"conveyor dead list newsletter {where}", f"conveyor top {where}",
+                 f"conveyor dashboard {where}"):
+        console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+    console.print("and delete them with:", highlight=False)
+    console.print(f"  redis-cli -u {server} --scan --pattern '*{namespace}*'"
+                  f" | xargs redis-cli -u {server} del",
+                  highlight=False, markup=False, soft_wrap=True)
 
 
 def _run(d: object, concurrency: int, scale: int) -> None:
@@ -146,7 +188,6 @@ def _run(d: object, concurrency: int, scale: int) -> None:
     thread.join(30)
     _summary(app, jobs, elapsed)
     _reports(handles)
-    _clean_up(app)
 
 
 def _reports(handles: list) -> None:  # type: ignore[type-arg]
@@ -164,12 +205,10 @@ def _reports(handles: list) -> None:  # type: ignore[type-arg]
     console.print(table)
 
 
-def _clean_up(app: object) -> None:
-    """Remove the demo's keys (its own namespace) so a shared Redis keeps nothing."""
-    from .. import demo as demo_app
-
-    redis_client = demo_app.app.redis
-    pattern = "*" + demo_app.app.namespace + "*"
+def _clean_up(app: Conveyor) -> None:
+    """Remove the demo's keys (its own namespace)."""
+    redis_client = app.redis
+    pattern = "*" + app.namespace + "*"
     batch = []
     for key in redis_client.scan_iter(match=pattern, count=1000):
         batch.append(key)

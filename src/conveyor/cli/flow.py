@@ -1,4 +1,4 @@
-"""``conveyor limits``: show and change a queue's flow-control limits."""
+"""``conveyor limits``, ``pause`` and ``resume``: a queue's flow control."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ..app import Conveyor
 from ..errors import ConfigurationError
 from ..limits import UNSET
 from ..monitor.flow import FlowState
-from .base import app_options, main
+from .base import app_options, known_queue, main
 
 console = Console(highlight=False)
 NONE_WORDS = {"none", "off", "-"}
@@ -108,3 +108,30 @@ def limits(app: Conveyor, queue: str, concurrency: str | None, rate: str | None,
         click.echo(json.dumps(dataclasses.asdict(state), indent=2))
     else:
         _show(state)
+
+
+@main.command()
+@click.argument("queue")
+@app_options
+def pause(app: Conveyor, queue: str) -> None:
+    """Stop handing out QUEUE's jobs (it keeps accepting new ones; running jobs finish)."""
+    q = app.queue(known_queue(app, queue))
+    if q.is_paused():
+        click.echo(f"{queue} was already paused")
+        return
+    q.pause()
+    click.echo(f"paused {queue}: it accepts jobs and hands none out until"
+               f" `conveyor resume {queue}`")
+
+
+@main.command()
+@click.argument("queue")
+@app_options
+def resume(app: Conveyor, queue: str) -> None:
+    """Hand out QUEUE's jobs again, waking its idle workers."""
+    q = app.queue(known_queue(app, queue))
+    if not q.is_paused():
+        click.echo(f"{queue} was not paused")
+        return
+    q.resume()
+    click.echo(f"resumed {queue}")

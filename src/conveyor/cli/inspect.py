@@ -15,16 +15,19 @@ from ..app import Conveyor
 from ..clock import server_now
 from ..errors import JobNotFound
 from ..job import JobInfo
-from .base import app_options, main
+from .base import app_options, known_queue, main
+from .layout import NAME, TEXT, Column, view
+from .observe import plain
 from .worker import show_fleet
 
 console = Console()
 
 
-def when(ts: float | None) -> str:
+def when(ts: float | None, timespec: str = "milliseconds") -> str:
     if ts is None:
         return "-"
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+    stamp = dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(sep=" ", timespec=timespec)
+    return stamp.replace("+00:00", "Z")
 
 
 def seconds(value: float | None) -> str:
@@ -100,32 +103,44 @@ def dead() -> None:
     """Inspect, requeue and purge dead letters."""
 
 
+DEAD_COLUMNS = [Column("id", NAME), Column("task", NAME), Column("tenant", NAME),
+                Column("attempts"), Column("died (UTC)"), Column("error", TEXT)]
+
+
 @dead.command("list")
 @click.argument("queue")
-@click.option("-n", "--limit", default=50, show_default=True)
+@click.option("-n", "--limit", default=50, show_default=True, help="Show at most this many.")
 @click.option("--json", "as_json", is_flag=True)
 @app_options
 def dead_list(app: Conveyor, queue: str, limit: int, as_json: bool) -> None:
-    """List the dead jobs of QUEUE, oldest first, with their errors."""
-    infos = app.dead_letters(queue).list(limit=limit)
+    """List the dead jobs of QUEUE, oldest first, with the first line of their errors."""
+    letters = app.dead_letters(known_queue(app, queue))
+    infos = letters.list(limit=limit)
     if as_json:
         click.echo(json.dumps([info_dict(i) for i in infos], default=str, indent=2))
         return
-    table = Table("id", "task", "tenant", "attempts", "died", "error", title=f"dead in {queue}")
-    for i in infos:
-        first_line = (i.error or "").splitlines()[0] if i.error else ""
-        table.add_row(i.id, i.task, i.tenant or "", str(i.attempts), when(i.finished_at),
-                      first_line[:80])
-    console.print(table)
+    rows = [[i.id, i.task, i.tenant or "", str(i.attempts), when(i.finished_at, "seconds"),
+             (i.error or "").strip().split("\n", 1)[0]] for i in infos]
+    total = len(letters)
+    shown = f"{len(infos):,} of {total:,}" if total > len(infos) else f"{total:,}"
+    console.print(view(console, f"dead in {queue}: {shown}, oldest first", DEAD_COLUMNS,
+                       rows))
+    if total > len(infos):
+        console.print(f"(-n {total} shows them all; `conveyor job ID` shows one in full)",
+                      style="dim")
 
 
 @dead.command("requeue")
 @click.argument("queue")
-@click.option("--id", "job_id", help="Requeue only this job (default: all).")
+@click.option("--id", "job_id", help="Requeue only this job (default: all, after asking).")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @app_options
-def dead_requeue(app: Conveyor, queue: str, job_id: str | None) -> None:
+def dead_requeue(app: Conveyor, queue: str, job_id: str | None, yes: bool) -> None:
     """Give dead jobs of QUEUE fresh attempts."""
-    n = app.dead_letters(queue).requeue(job_id)
+    letters = app.dead_letters(known_queue(app, queue))
+    if job_id is None and not yes:
+        click.confirm(f"requeue all {len(letters):,} dead jobs of {queue}?", abort=True)
+    n = letters.requeue(job_id)
     click.echo(f"requeued {n} job(s) from {queue}")
 
 
@@ -135,22 +150,37 @@ def dead_requeue(app: Conveyor, queue: str, job_id: str | None) -> None:
 @app_options
 def dead_purge(app: Conveyor, queue: str, yes: bool) -> None:
     """Delete every dead job of QUEUE."""
+    letters = app.dead_letters(known_queue(app, queue))
     if not yes:
-        click.confirm(f"delete all dead jobs of {queue}?", abort=True)
-    n = app.dead_letters(queue).purge()
+        click.confirm(f"delete all {len(letters):,} dead jobs of {queue}?", abort=True)
+    n = letters.purge()
     click.echo(f"purged {n} job(s) from {queue}")
 
 
+QUEUE_COLUMNS = [Column("queue", NAME), Column("ready"), Column("scheduled"),
+                 Column("active"), Column("suspended"), Column("dead"), Column("paused")]
+SCHEDULE_COLUMNS = [Column("periodic", NAME), Column("queue", NAME), Column("cron (UTC)"),
+                    Column("last fired"), Column("next")]
+
+
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @app_options
-def info(app: Conveyor) -> None:
+def info(app: Conveyor, as_json: bool) -> None:
     """Queues with their backlog, live workers and supervisors, and periodic schedules."""
-    table = Table("queue", "ready", "scheduled", "active", "dead", "paused")
-    for row in app.monitor.overview().queues:
-        b = row.backlog
-        table.add_row(row.name, str(b.ready), str(b.scheduled), str(b.active), str(b.dead),
-                      "yes" if row.paused else "")
-    console.print(table)
+    queues = app.monitor.overview().queues
+    if as_json:
+        out = {"queues": {row.name: {**plain(row.backlog), "paused": row.paused}
+                          for row in queues},
+               "workers": plain(app.monitor.workers()),
+               "schedules": plain(app.monitor.schedules()) if app.periodics else []}
+        click.echo(json.dumps(out, default=str, indent=2))
+        return
+    rows = [[row.name, str(row.backlog.ready), str(row.backlog.scheduled),
+             str(row.backlog.active), str(row.backlog.suspended), str(row.backlog.dead),
+             "yes" if row.paused else "-"]
+            for row in queues]
+    console.print(view(console, "queues (jobs)", QUEUE_COLUMNS, rows))
     show_fleet(app, console)
     show_schedules(app)
 
@@ -159,9 +189,7 @@ def show_schedules(app: Conveyor) -> None:
     """Periodic jobs of the app (needs --app): cron, last tick fired, next tick."""
     if not app.periodics:
         return
-    table = Table("periodic", "queue", "cron (UTC)", "last fired", "next", title="schedules")
-    for row in app.monitor.schedules():
-        table.add_row(row.task, row.queue, row.cron,
-                      when(row.last) if row.last is not None else "never",
-                      when(row.next))
-    console.print(table)
+    rows = [[row.task, row.queue, row.cron,
+             when(row.last, "seconds") if row.last is not None else "never",
+             when(row.next, "seconds")] for row in app.monitor.schedules()]
+    console.print(view(console, "schedules", SCHEDULE_COLUMNS, rows))

@@ -1,4 +1,5 @@
-"""Monitoring commands: ``stats``, ``top``, ``advice``, ``sink``, ``report``, ``metrics``."""
+"""Monitoring commands: ``stats``, ``advice``, ``sink``, ``report``, ``metrics`` (``top`` is in
+:mod:`.top`)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.console import Console, Group
-from rich.live import Live
+from rich.console import Console, RenderableType
 from rich.table import Table
 
 from ..app import Conveyor
 from ..clock import server_now
 from ..monitor import Stats
 from ..monitor.advice import duration
-from .base import app_options, main
+from .base import app_options, known_queue, main
+from .layout import NAME, Column, seconds, view
 
 console = Console()
 
@@ -43,25 +44,33 @@ def plain(value: Any) -> Any:
     return value
 
 
-def stats_table(rows: list[Stats], title: str) -> Table:
-    table = Table("queue", "task", "enqueued", "succeeded", "failed", "dead", "jobs/s",
-                  "wait p50", "wait p95", "wait p99", "run p50", "run p95", "run p99",
-                  title=title)
-    for s in rows:
-        table.add_row(s.queue or "*", s.task or "*", str(s.enqueued), str(s.succeeded),
-                      str(s.failed), str(s.dead), f"{s.throughput:.2f}", ms(s.wait.p50),
-                      ms(s.wait.p95), ms(s.wait.p99), ms(s.run.p50), ms(s.run.p95),
-                      ms(s.run.p99))
-    return table
+STATS_COLUMNS = [Column("queue", NAME), Column("task", NAME), Column("enqueued"),
+                 Column("succeeded"), Column("failed"), Column("dead"), Column("expired"),
+                 Column("jobs/s"),
+                 Column("wait p50 (s)"), Column("wait p95 (s)"), Column("wait p99 (s)"),
+                 Column("run p50 (s)"), Column("run p95 (s)"), Column("run p99 (s)")]
 
 
-def backlog_table(app: Conveyor, queues: list[str]) -> Table:
-    table = Table("queue", "ready", "held", "scheduled", "active", "dead", title="backlog")
+def stats_view(rows: list[Stats], title: str) -> RenderableType:
+    cells = [[s.queue or "(all queues)", s.task or "(all tasks)", str(s.enqueued), str(s.succeeded),
+              str(s.failed), str(s.dead), str(s.expired), f"{s.throughput:.2f}",
+              seconds(s.wait.p50),
+              seconds(s.wait.p95), seconds(s.wait.p99), seconds(s.run.p50),
+              seconds(s.run.p95), seconds(s.run.p99)] for s in rows]
+    return view(console, title, STATS_COLUMNS, cells)
+
+
+BACKLOG_COLUMNS = [Column("queue", NAME), Column("ready"), Column("held"),
+                   Column("scheduled"), Column("active"), Column("suspended"), Column("dead")]
+
+
+def backlog_view(app: Conveyor, queues: list[str]) -> RenderableType:
+    rows = []
     for queue in queues:
         b = app.monitor.backlog(queue)
-        table.add_row(queue, str(b.ready), str(b.held), str(b.scheduled), str(b.active),
-                      str(b.dead))
-    return table
+        rows.append([queue, str(b.ready), str(b.held), str(b.scheduled), str(b.active),
+                     str(b.suspended), str(b.dead)])
+    return view(console, "backlog (jobs)", BACKLOG_COLUMNS, rows)
 
 
 @main.command()
@@ -73,72 +82,39 @@ def backlog_table(app: Conveyor, queues: list[str]) -> Table:
 def stats(app: Conveyor, queue: str | None, task: str | None, window: float,
           as_json: bool) -> None:
     """Throughput, failures and wait/run percentiles per task type over a window."""
+    if queue is not None:
+        known_queue(app, queue)
     rows = [s for s in app.monitor.stats_by_task(queue, window) if task in (None, s.task)]
     total = app.monitor.stats(task=task, queue=queue, window=window)
     if as_json:
         click.echo(json.dumps({"total": plain(total), "tasks": plain(rows)}, indent=2))
         return
-    console.print(stats_table([*rows, total], f"last {duration(window)}"))
+    console.print(stats_view([*rows, total], f"last {duration(window)}"))
     queues = [queue] if queue else app.known_queues()
-    console.print(backlog_table(app, queues))
-    held = held_table(app, queues)
-    if held.row_count:
-        console.print(held)
+    console.print(backlog_view(app, queues))
+    held = held_rows(app, queues)
+    if held:
+        console.print(view(console, "held by limits (jobs)", HELD_COLUMNS, held))
 
 
-def held_table(app: Conveyor, queues: list[str], most: int = 20) -> Table:
+HELD_COLUMNS = [Column("queue", NAME), Column("tenant", NAME), Column("held"),
+                Column("running")]
+
+
+def held_rows(app: Conveyor, queues: list[str], most: int = 20) -> list[list[str]]:
     """Ready jobs that limits hold back, per queue and tenant (largest first)."""
-    table = Table("queue", "tenant", "held", "running", title="held by limits")
+    rows = []
     for queue in queues:
         flow = app.monitor.flow(queue)
         if not (flow.held or flow.paused or flow.blocked_by):
             continue
         if flow.blocked_by:
-            table.add_row(queue, f"(all: the queue's {flow.blocked_by})", str(flow.held),
-                          str(flow.running))
-        rows = sorted(flow.held_by_tenant.items(), key=lambda i: -i[1])[:most]
-        for tenant, n in rows:
-            table.add_row(queue, tenant, str(n), str(flow.running_by_tenant.get(tenant, 0)))
-    return table
-
-
-def top_view(app: Conveyor, window: float) -> Group:
-    """One frame of ``conveyor top``."""
-    queues = app.known_queues()
-    per_task = {(s.queue, s.task): s for s in app.monitor.stats_by_task(window=window)}
-    now = server_now(app.redis)  # idle_since is the server's clock
-    table = Table("queue", "task", "active", "idle", "last finished", "jobs/s", "wait p95",
-                  "run p95", "failed", title=f"task types (last {duration(window)})")
-    for row in app.monitor.activity():
-        s = per_task.get((row.queue, row.task))
-        last = "never" if row.idle_since is None else f"{duration(now - row.idle_since)} ago"
-        table.add_row(row.queue, row.task, str(row.active), "idle" if row.idle else "",
-                      last, f"{s.throughput:.2f}" if s else "-", ms(s.wait.p95 if s else None),
-                      ms(s.run.p95 if s else None), str(s.failed) if s else "-")
-    workers = app.monitor.workers()
-    stamp = dt.datetime.now(dt.UTC).strftime("%H:%M:%S")
-    header = f"conveyor top · {app.namespace} · {len(workers)} worker(s) · {stamp} UTC"
-    return Group(header, backlog_table(app, queues), table)
-
-
-@main.command()
-@click.option("-i", "--interval", default=1.0, show_default=True, help="Seconds per refresh.")
-@click.option("-w", "--window", default=60.0, show_default=True, help="Stats window (s).")
-@click.option("-n", "--iterations", default=0, help="Stop after N frames (0: until Ctrl-C).")
-@app_options
-def top(app: Conveyor, interval: float, window: float, iterations: int) -> None:
-    """Live view: backlog, active and idle task types, throughput, waits and runs."""
-    frames = 0
-    with Live(top_view(app, window), console=console, auto_refresh=False) as live:
-        try:
-            while True:
-                frames += 1
-                if iterations and frames >= iterations:
-                    break
-                time.sleep(interval)
-                live.update(top_view(app, window), refresh=True)
-        except KeyboardInterrupt:
-            pass
+            rows.append([queue, f"(all: the queue's {flow.blocked_by})", str(flow.held),
+                         str(flow.running)])
+        tenants = sorted(flow.held_by_tenant.items(), key=lambda i: -i[1])[:most]
+        for tenant, n in tenants:
+            rows.append([queue, tenant, str(n), str(flow.running_by_tenant.get(tenant, 0))])
+    return rows
 
 
 def parse_deadline(text: str | None, clock: Callable[[], float] = time.time) -> float | None:
@@ -173,6 +149,7 @@ def parse_deadline(text: str | None, clock: Callable[[], float] = time.time) -> 
 def advice(app: Conveyor, queue: str, target_wait: float, deadline: str | None, window: float,
            as_json: bool) -> None:
     """How many workers QUEUE needs, how long its backlog takes to drain, and why."""
+    known_queue(app, queue)
     try:
         due = parse_deadline(deadline, lambda: server_now(app.redis))
     except ValueError as exc:
@@ -254,7 +231,9 @@ def report(db: str, table: str, since: str | None, as_json: bool) -> None:
 
 @main.command()
 @click.option("-p", "--port", default=9808, show_default=True)
-@click.option("--addr", default="0.0.0.0", show_default=True)
+@click.option("--addr", default="127.0.0.1", show_default=True,
+              help="Address to bind (loopback, like the dashboard; 0.0.0.0 for every"
+                   " interface, for a Prometheus on another host).")
 @click.option("-q", "--queue", "queues", multiple=True, help="Queue (default: all, as seen).")
 @app_options
 def metrics(app: Conveyor, port: int, addr: str, queues: tuple[str, ...]) -> None:

@@ -7,11 +7,12 @@ import time
 
 import click
 from rich.console import Console
-from rich.table import Table
 
+from .. import logs
 from ..app import Conveyor
 from ..clock import server_now
-from .base import load_app, main
+from .base import VERBOSE_KEY, load_app, main
+from .layout import NAME, Column, view
 
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 
@@ -64,10 +65,14 @@ def parse_size(value: str | None) -> int | None:
               help="Exit once no job is ready (does not wait for delayed jobs or retries).")
 @click.option("--grace", default=30.0, show_default=True,
               help="Seconds running jobs get to finish after SIGTERM/SIGINT.")
-def worker(app_spec: str, queues: tuple[str, ...], concurrency: int, processes: int | None,
-           autoscale: str | None, target_wait: float, cooldown: float | None,
-           max_jobs_per_child: int | None, max_memory_per_child: str | None, burst: bool,
-           grace: float) -> None:
+@click.option("--log-format", type=click.Choice(logs.FORMATS), default="text",
+              show_default=True, help="Log lines on stderr: text, or one JSON object per line.")
+@click.pass_context
+def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurrency: int,
+           processes: int | None, autoscale: str | None, target_wait: float,
+           cooldown: float | None, max_jobs_per_child: int | None,
+           max_memory_per_child: str | None, burst: bool, grace: float,
+           log_format: str) -> None:
     """Consume jobs of MODULE:APP.
 
     SIGTERM or Ctrl-C stops fetching and lets running jobs finish within --grace; a second
@@ -78,10 +83,16 @@ def worker(app_spec: str, queues: tuple[str, ...], concurrency: int, processes: 
     cannot be interrupted), and with --autoscale adds processes within seconds when jobs
     wait longer than --target-wait and removes them one at a time, each after draining,
     once the served task types are idle.
+
+    The worker logs a banner (Redis, namespace, queues, concurrency, tasks), a line per
+    retry and a warning per dead job; -v adds a line per job that ends otherwise.
     """
     bounds = parse_bounds(autoscale)
     memory = parse_size(max_memory_per_child)
+    verbose = ctx.meta.get(VERBOSE_KEY, 0)
+    logs.configure(verbose, log_format, worker=True)
     app = load_app(app_spec)
+    logs.OUTAGES.url = app.url
     if processes is None and bounds is None and max_jobs_per_child is None and memory is None:
         app.worker(queues=list(queues) or None, concurrency=concurrency,
                    grace=grace).run(burst=burst)
@@ -91,7 +102,12 @@ def worker(app_spec: str, queues: tuple[str, ...], concurrency: int, processes: 
     Supervisor(app_spec, processes=processes or 1, autoscale=bounds, target_wait=target_wait,
                cooldown=cooldown, queues=queues, concurrency=concurrency, grace=grace,
                burst=burst, max_jobs_per_child=max_jobs_per_child,
-               max_memory_per_child=memory, app=app).run()
+               max_memory_per_child=memory, app=app, verbose=verbose,
+               log_format=log_format).run()
+
+
+FLEET_COLUMNS = [Column("worker", NAME), Column("queues", NAME), Column("concurrency"),
+                 Column("jobs now"), Column("processed"), Column("up (s)")]
 
 
 def show_fleet(app: Conveyor, console: Console) -> None:
@@ -102,13 +118,10 @@ def show_fleet(app: Conveyor, console: Console) -> None:
     now = server_now(app.redis)  # workers stamp their start by the server's clock
     workers = live_workers(app, now=now)
     if workers:
-        table = Table("worker", "queues", "concurrency", "jobs", "processed", "up",
-                      title=f"workers ({len(workers)} live)")
-        for w in workers:
-            up = "-" if w.started_at is None else f"{max(0.0, now - w.started_at):.0f} s"
-            table.add_row(w.id, ",".join(w.queues), str(w.concurrency), str(w.jobs),
-                          str(w.processed), up)
-        console.print(table)
+        rows = [[w.id, ",".join(w.queues), str(w.concurrency), str(w.jobs), str(w.processed),
+                 "-" if w.started_at is None else f"{max(0.0, now - w.started_at):.0f}"]
+                for w in workers]
+        console.print(view(console, f"workers ({len(workers)} live)", FLEET_COLUMNS, rows))
     else:
         console.print("no live workers")
     for sup in live_supervisors(app):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from .. import logs
 from ..loading import import_app
 from ..worker.registry import SUPERVISOR_ENV
 
@@ -53,7 +54,8 @@ class ChildOptions:
     burst: bool
     max_jobs: int | None
     supervisor_id: str
-    log_level: int
+    verbose: int = 0  # -v count of the command, for the same log lines as one worker
+    log_format: str = "text"
 
 
 @dataclass(eq=False)
@@ -156,13 +158,13 @@ class Reporter(threading.Thread):
 def main(options: ChildOptions, conn: Connection) -> None:
     """Run the child's worker (never returns: exits with an ``EXIT_*`` code)."""
     os.environ[SUPERVISOR_ENV] = options.supervisor_id
-    logging.basicConfig(level=options.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+    logs.configure(options.verbose, options.log_format, worker=True, child=True)
     code = EXIT_FAILED
     worker: Worker | None = None
     reporter: Reporter | None = None
     try:
         app = import_app(options.app_spec)
+        logs.OUTAGES.url = app.url
         # supervised: the supervisor replaces this process if a job gets stuck
         worker = app.worker(queues=list(options.queues) or None,
                             concurrency=options.concurrency, grace=options.grace,

@@ -76,6 +76,8 @@ class Supervisor:
     :param max_jobs_per_child: recycle a child after this many jobs
     :param max_memory_per_child: recycle a child whose resident memory exceeds this (bytes)
     :param app: the application, when already loaded
+    :param verbose: log verbosity of the children (see :func:`conveyor.logs.configure`)
+    :param log_format: the children's log lines: ``text`` or ``json``
     """
 
     def __init__(self, app_spec: str, *, processes: int = 1,
@@ -83,7 +85,8 @@ class Supervisor:
                  cooldown: float | None = None, queues: Sequence[str] = (),
                  concurrency: int = 32, grace: float = 30.0, burst: bool = False,
                  max_jobs_per_child: int | None = None,
-                 max_memory_per_child: int | None = None, app: Conveyor | None = None) -> None:
+                 max_memory_per_child: int | None = None, app: Conveyor | None = None,
+                 verbose: int = 0, log_format: str = "text") -> None:
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
         if app is None:
@@ -98,7 +101,7 @@ class Supervisor:
         self.options = child_process.ChildOptions(
             app_spec=app_spec, queues=tuple(self.queues), concurrency=concurrency,
             grace=grace, burst=burst, max_jobs=max_jobs_per_child, supervisor_id=self.id,
-            log_level=logging.getLogger().getEffectiveLevel())
+            verbose=verbose, log_format=log_format)
         self.scaler: Autoscaler | None = None
         self.reader: SignalReader | None = None
         self.target = processes

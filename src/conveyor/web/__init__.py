@@ -65,6 +65,10 @@ had is ``null``):
     ``to`` are process counts (``null`` unless it scaled); ``text`` says why.
 ``/api/schedules``
     ``{time, schedules: [{task, queue, cron, next, last}]}``.
+
+While Redis cannot be reached, every endpoint answers 503 with ``{error: "redis
+unavailable", detail}`` (``detail`` names the URL without its password, the cause and what
+to check), and pages show the same in a banner.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ from starlette.templating import Jinja2Templates
 
 from . import filters
 from .api import Api
+from .outage import CAUGHT, Outage
 from .pages import Pages
 from .security import Credentials, Csrf, SecurityMiddleware
 
@@ -129,4 +134,6 @@ def create_app(
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
     middleware = [Middleware(SecurityMiddleware, credentials=Credentials(token, basic))]
-    return Starlette(routes=routes, middleware=middleware)
+    outage = Outage(app, templates)
+    return Starlette(routes=routes, middleware=middleware,
+                     exception_handlers={kind: outage for kind in CAUGHT})

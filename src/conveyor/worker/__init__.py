@@ -34,6 +34,7 @@ from ..alerts import alerter_for
 from ..clock import ServerClock
 from ..schedule import Scheduler
 from ..workflow.release import HandOvers
+from .banner import announce
 from .consumer import Consumer
 from .dead import DeadNotices
 from .executor import Executor, Held
@@ -43,6 +44,7 @@ from .leases import LeaseKeeper
 from .loops import LoopDied, Loops
 from .outbox import Outbox
 from .progress import ProgressWriter
+from .reach import wait_for_redis
 from .registry import keep_registered
 from .server_check import check_server
 from .shutdown import Shutdown, end_leftovers, install_signals, leave_waiting, remove_signals
@@ -99,6 +101,7 @@ class Worker:
         self.slots: Slots | None = None
         self.consumer: Consumer | None = None
         self._processed = 0
+        self._stop_asked: asyncio.Event | None = None  # set by a stop (of the current run)
 
     # -- entry points ----------------------------------------------------------------------
 
@@ -128,7 +131,9 @@ class Worker:
         loop.call_soon_threadsafe(self._request_stop)
 
     def _request_stop(self) -> None:
-        self.shutdown.request()
+        self.shutdown.request(len(self.slots.running()) if self.slots is not None else 0)
+        if self._stop_asked is not None:
+            self._stop_asked.set()
         if self.consumer is not None:
             self.consumer.nudge.set()
 
@@ -166,7 +171,13 @@ class Worker:
             self.queues, slots, runner, app.keys, app.limits, self.id, self.waiting,
             self.clock, catch_up=self.lease_keeper.catch_up, notices=self.notices,
             hand_back=hand_back, settle=self._settle, stopping=lambda: self.shutdown.requested)
+        self._stop_asked = asyncio.Event()
         signals = install_signals(self._request_stop)
+        if not self.shutdown.requested and not await wait_for_redis(client, app.url,
+                                                                    self._stop_asked):
+            remove_signals(signals)  # stopped before Redis ever answered: nothing to undo
+            await self._close(app)
+            return
         await check_server(client)
         self.loops = Loops(on_fatal=lambda _exc: self._request_stop())
         listening = Listening(app.url, self.queues, app.keys, runner, self.waiting, slots,
@@ -181,8 +192,8 @@ class Worker:
         scheduler = Scheduler(app, self.queues, ServerClock())
         self.loops.start("periodic scheduler", scheduler.run)
         self.loops.start("workflow hand-over", handovers.run)
-        log.info("worker %s serving %s with concurrency %d", self.id, self.queues,
-                 self.concurrency)
+        announce(self.id, app.url, app.namespace, self.queues, self.concurrency,
+                 list(app.tasks))
         self.started.set()
         try:
             await consumer.run(burst)
@@ -197,15 +208,19 @@ class Worker:
             slots.shutdown()
             remove_signals(signals)
             self._processed = slots.processed
-            try:
-                async with asyncio.timeout(STOP_STEP_SECONDS):
-                    await app.aclose()
-            except TimeoutError:
-                log.warning("closing the worker's Redis connections took over %.0f s; left"
-                            " to the operating system", STOP_STEP_SECONDS)
+            await self._close(app)
             log.info("worker %s stopped after %d jobs", self.id, self.processed)
         if self.loops.fatal is not None:
             raise self.loops.fatal
+
+    @staticmethod
+    async def _close(app: Conveyor) -> None:
+        try:
+            async with asyncio.timeout(STOP_STEP_SECONDS):
+                await app.aclose()
+        except TimeoutError:
+            log.warning("closing the worker's Redis connections took over %.0f s; left"
+                        " to the operating system", STOP_STEP_SECONDS)
 
     async def _settle(self) -> None:
         """Post the alerts counted so far, then wait until every outcome is recorded."""

@@ -38,8 +38,9 @@ class QueueBackoff:
         self._failing[queue] = (failures, time.monotonic() + pause)
         return pause
 
-    def succeeded(self, queue: str) -> None:
-        self._failing.pop(queue, None)
+    def succeeded(self, queue: str) -> bool:
+        """Note a success of ``queue``; True if it was failing until now."""
+        return self._failing.pop(queue, None) is not None
 
     def waiting(self, queue: str) -> bool:
         """Whether ``queue`` is still within its pause."""

@@ -27,6 +27,7 @@ from .dead import DeadNotices
 from .doubt import InDoubt
 from .handback import HandBack
 from .handoff import WAITER_TTL_MS, Waiting
+from .joblog import log_dead_at_fetch
 from .slots import Slots
 from .wake import WAKE_BLOCK_SECONDS
 
@@ -121,7 +122,8 @@ class Consumer:
             except REDIS_ERRORS as exc:
                 self._fetch_failed(queue, exc)
                 continue
-            self._fetch_backoff.succeeded(queue)
+            if self._fetch_backoff.succeeded(queue):
+                log.info("fetching from queue %s again", queue, extra={"redis_back": True})
             self._fetched(queue, fetched, want, wakes)
             # A fetch sent again may have leased for more slots than are free now (jobs
             # were handed over meanwhile): the rest goes back at once, attempt refunded.
@@ -145,6 +147,7 @@ class Consumer:
         self._more[queue] = len(fetched.jobs) == want or self._wakes != wakes
         self._held_back[queue] = fetched.held
         if fetched.dead:
+            log_dead_at_fetch(queue, fetched.dead)
             self._notices.dead(queue, fetched.dead)
         if fetched.trimmed:
             self._notices.trimmed(queue, fetched.trimmed)
@@ -185,6 +188,7 @@ class Consumer:
         their attempts refunded (a lease reclaimed meanwhile refuses the hand-back)."""
         self._clock.passed(handed.now_ms)  # the entry may have waited in its list
         if handed.dead:
+            log_dead_at_fetch(queue, handed.dead)
             self._notices.dead(queue, handed.dead)
         if handed.trimmed:
             self._notices.trimmed(queue, handed.trimmed)

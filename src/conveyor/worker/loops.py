@@ -17,12 +17,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .backoff import pause_after
+from .backoff import CONNECTION_ERRORS, pause_after
 
 __all__ = ["LoopDied", "Loops", "where"]
 
 log = logging.getLogger("conveyor.worker")
 HEALTHY_AFTER = 30.0  # a loop that ran this long without failing starts its back-off afresh
+RECANCEL_SECONDS = 0.1  # how often a stop cancels again a loop that goes on
 
 
 class LoopDied(RuntimeError):
@@ -63,8 +64,12 @@ class Loops:
                 failures += 1
                 self.restarts[name] = self.restarts.get(name, 0) + 1
                 pause = pause_after(failures)
-                log.warning("%s failed (%s: %s); restarting it in %.2f s", name,
-                            type(exc).__name__, exc, pause, exc_info=failures == 1)
+                # Redis out of reach is expected now and then: one line when it starts,
+                # without a traceback; any other error shows where it came from.
+                expected = isinstance(exc, CONNECTION_ERRORS)
+                level = logging.DEBUG if expected and failures > 1 else logging.WARNING
+                log.log(level, "%s failed (%s: %s); restarting it in %.2f s", name,
+                        type(exc).__name__, exc, pause, exc_info=failures == 1 and not expected)
                 await asyncio.sleep(pause)
                 continue
             raise LoopDied(f"{name} returned; a worker loop must run until the worker stops")
@@ -84,11 +89,21 @@ class Loops:
 
     async def cancel(self, timeout: float = 2.0) -> None:
         """Stop every loop; bounded, since a cancellation swallowed inside a client call
-        must not hang the worker's stop."""
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            _, stuck = await asyncio.wait(self._tasks, timeout=timeout)
+        must not hang the worker's stop.
+
+        A loop cancelled in the middle of a Redis call may see the client turn the
+        cancellation into a connection error, which the loop takes as a fault to retry
+        after a pause: so a loop still running is cancelled again, at its next wait.
+        """
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + timeout
+        stuck = {task for task in self._tasks if not task.done()}
+        while stuck and clock() < deadline:
+            for task in stuck:
+                task.cancel()
+            _, stuck = await asyncio.wait(stuck, timeout=min(RECANCEL_SECONDS,
+                                                             deadline - clock()))
+        if stuck:
             for task in stuck:
                 log.warning("%s did not stop within %.1f s of being cancelled (at %s); the"
                             " worker stops without it", task.get_name(), timeout, where(task))

@@ -27,6 +27,7 @@ from .backoff import REDIS_ERRORS, QueueBackoff
 from .dead import DeadNotices
 from .doubt import InDoubt
 from .executor import Held
+from .joblog import log_outcome
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -154,8 +155,9 @@ class Outbox:
     async def _recorded(self, queue: str, batch: list[calls.Outcome],
                         done: calls.Finished) -> None:
         """Redis answered the finish of ``batch``: its leases are no longer held."""
-        for outcome in batch:
-            self._leases.pop((queue, outcome.short_id, outcome.token), None)
+        for outcome, code in zip(batch, done.codes, strict=True):
+            held = self._leases.pop((queue, outcome.short_id, outcome.token), None)
+            log_outcome(queue, outcome, code, held)
         self._after(queue, batch, done)
         if done.handed_over and self.on_handover is not None:
             await self.on_handover(queue)

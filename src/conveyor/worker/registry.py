@@ -186,6 +186,9 @@ async def keep_registered(worker: Registrant, interval: float = HEARTBEAT_SECOND
                 failures += 1
                 sent = {}
             else:
+                if failures:
+                    log.info("worker registry heartbeat: Redis answers again",
+                             extra={"redis_back": True})
                 failures = 0
             await asyncio.sleep(interval)
     finally:

@@ -41,13 +41,24 @@ class Shutdown:
         self.requested = False
         self._hurry: asyncio.Future[None] | None = None  # the drain's wait, cut short
 
-    def request(self) -> None:
-        """Ask for a stop; a second request drops the grace period."""
+    def request(self, running: int = 0) -> None:
+        """Ask for a stop; a second request drops the grace period.
+
+        :param running: jobs running now (for the log line: what the stop waits for)
+        """
         if self.requested:
-            log.warning("second stop request: not waiting for running jobs")
+            log.warning("second stop request: interrupting the running jobs now; they go"
+                        " back to their queues")
             self.grace = 0
             if self._hurry is not None and not self._hurry.done():
                 self._hurry.set_result(None)
+        elif running:
+            log.info("stopping: taking no new jobs, draining %d running job(s) for up to"
+                        " %.0f s (grace period); stop again to interrupt them (they go back"
+                        " to their queues)", running, self.grace,
+                        extra={"running": running, "grace": self.grace})
+        else:
+            log.info("stopping: no job is running")
         self.requested = True
 
     async def drain(self, slots: Slots, hand_back: HandBack) -> None:
@@ -56,7 +67,6 @@ class Shutdown:
         await hand_back.held(slots.take_unstarted(), "")
         running = slots.running()
         if running:
-            log.info("waiting up to %.1f s for %d running job(s)", self.grace, len(running))
             self._hurry = asyncio.get_running_loop().create_future()
             if self.grace <= 0:
                 self._hurry.set_result(None)

@@ -112,7 +112,7 @@ async def _wait_for_markers(parts: Listening, client: Any, queues: Sequence[str]
         try:
             if parts.consumer.stopping:
                 await asyncio.Event().wait()  # a stopping worker takes no more markers
-            await _offer_free_slots(parts, runner, queues)
+            _answered_after(failures, await _offer_free_slots(parts, runner, queues))
             # Hand-off lists too when full: a job handed on an offer that went stale is
             # handed back at once rather than wait for a free slot.
             reply = await _pop(client, [key for key in (*handoffs, *wake_keys)
@@ -156,17 +156,29 @@ async def _wait_for_markers(parts: Listening, client: Any, queues: Sequence[str]
             parts.consumer.wake_all()  # markers may have been missed meanwhile
 
 
-async def _offer_free_slots(parts: Listening, runner: Any, queues: Sequence[str]) -> None:
+def _answered_after(failures: int, called: bool) -> None:
+    """When a call went through after ``failures`` failed ones, say Redis is back (the
+    worker's log folds this into one line per outage: see
+    :class:`conveyor.logs.OutageFilter`)."""
+    if failures and called:
+        log.info("wake listener: Redis answers again", extra={"redis_back": True})
+
+
+async def _offer_free_slots(parts: Listening, runner: Any, queues: Sequence[str]) -> bool:
     """Register as a waiter of ``queues`` with the worker's free slots, if any, once its
-    own fetches are done (an offer made during one would count slots it is filling)."""
+    own fetches are done (an offer made during one would count slots it is filling).
+    True if Redis answered an offer."""
     if parts.slots.free() <= 0:
-        return
+        return False
     await parts.consumer.idle.wait()
     slots = parts.slots.free()
-    if slots > 0 and not parts.consumer.stopping:
-        now = await parts.waiting.register(runner, queues, slots)
-        if now is not None:
-            parts.clock.observe(now)
+    if slots <= 0 or parts.consumer.stopping:
+        return False
+    now = await parts.waiting.register(runner, queues, slots)
+    if now is None:
+        return False  # every offer stood: nothing was sent
+    parts.clock.observe(now)
+    return True
 
 
 async def _pop(client: Any, keys: list[str], block: float) -> Any:

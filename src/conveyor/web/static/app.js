@@ -54,18 +54,32 @@
   }
 
   const live = document.getElementById("live");
+  const outage = document.getElementById("outage");
+  /* The API's own words for a failed answer ({error, detail}), else its status. */
+  async function problem(response) {
+    try {
+      const body = await response.json();
+      if (body && body.detail) return body.detail + " (retrying)";
+      if (body && body.error) return body.error;
+    } catch (err) { /* not JSON */ }
+    return "The dashboard could not load its figures (HTTP " + response.status + "); retrying.";
+  }
   function poll(path, every, render) {
     let timer = null, stopped = false;
     async function tick() {
       try {
         const response = await fetch(base + path(), { headers: { accept: "application/json" }, credentials: "same-origin" });
-        if (!response.ok) throw new Error(response.status);
+        if (!response.ok) throw new Error(await problem(response));
         render(await response.json());
         live.classList.remove("stale");
         live.textContent = "live";
+        outage.hidden = true;
       } catch (err) {
         live.classList.add("stale");
         live.textContent = "offline";
+        outage.textContent = err instanceof TypeError
+          ? "The dashboard server does not answer; retrying." : err.message;
+        outage.hidden = false;
       }
       if (!stopped) timer = setTimeout(tick, document.hidden ? every * 4 : every);
     }
