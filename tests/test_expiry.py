@@ -151,3 +151,30 @@ def test_expiry_options_are_checked(app: conveyor.Conveyor) -> None:
             t.options(expires=bad)
     with pytest.raises(conveyor.ConfigurationError, match="deadline"):
         t.options(deadline=0)
+
+
+def test_a_workflow_node_expires_while_it_waits_and_its_children_are_cancelled(
+        app: conveyor.Conveyor) -> None:
+    @app.task(name="first", queue="x")
+    def first() -> str:
+        time.sleep(1.5)
+        return "done"
+
+    @app.task(name="step", queue="x")
+    def step() -> str:
+        return "ran"
+
+    wf = app.workflow()
+    root = wf.add(first, name="root")
+    middle = wf.add(step.options(expires=0.5), name="middle", after=[root])
+    wf.add(step, name="last", after=[middle])
+    with running_worker(app, queues=["x"]):
+        handle = wf.enqueue()
+        nodes = {n.name: app.job(n.id) for n in wf.nodes}
+        wait_until(lambda: _state(nodes["middle"]) == JobState.EXPIRED, 10,
+                   message="middle expired")
+        wait_until(lambda: _state(nodes["last"]) == JobState.CANCELLED, 15,
+                   message="last cancelled")
+        assert _state(nodes["root"]) == JobState.SUCCEEDED
+        assert "expired" in (nodes["last"].info().error or "")
+    del handle

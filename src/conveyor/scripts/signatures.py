@@ -40,7 +40,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "step": ("job_prefix",),
     "workflow_enqueue": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed",
                          "counts", "wake", "metrics_prefix", "handover", "waiting_prefix",
-                         "workflow_prefix"),
+                         "workflow_prefix", "expiring"),
     "workflow_release": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed",
                          "counts", "wake", "handover", "waiting_prefix"),
     "workflow_settle": ("workflow_prefix",),
@@ -276,6 +276,8 @@ class WorkflowEnqueueItem(NamedTuple):
     run_if: str
     parents: bytes
     children: bytes
+    expires: str
+    deadline: str
 
 
 class WorkflowReleaseItem(NamedTuple):

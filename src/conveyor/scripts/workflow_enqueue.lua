@@ -17,6 +17,7 @@
 -- K.handover
 -- K.waiting_prefix
 -- K.workflow_prefix
+-- K.expiring
 -- A.now                   '' for the server clock (ms override, tests only)
 -- A.bucket_seconds        width of a metric bucket
 -- A.bucket_ttl            lifetime of a metric bucket (s)
@@ -25,15 +26,16 @@
 -- A.home                  '' or the workflow's short id: store its record in this queue
 -- A.nodes                 the workflow's node list (encoded; read by Python only)
 -- A.total                 number of nodes in the whole workflow
--- A.node_count            number of nodes that follow, 14 fields each: short id, task,
+-- A.node_count            number of nodes that follow, 16 fields each: short id, task,
 --         priority, tenant, delay_ms, at_ms, max_attempts, visibility_ms, args, name,
 --         parents to wait for, run_if ('succeeded' | 'finished'), parents, children
---         (both encoded, read by Python only)
+--         (both encoded, read by Python only), expires, deadline (include/expiry_times)
 -- Returns: the number of nodes stored
 --@include job_record
 --@include clock
 --@include ready
 --@include metrics
+--@include expiry_times
 --@include workflow
 --@include key_types
 
@@ -100,6 +102,8 @@ for i = 0, n - 1 do
   if ARGV[b + NODE.run_if] == 'finished' then put('wfr', 'finished') end
   if ARGV[b + NODE.parents] ~= '' then put('wfp', ARGV[b + NODE.parents]) end
   if ARGV[b + NODE.children] ~= '' then put('wfc', ARGV[b + NODE.children]) end
+  local start_by = put_expiry(put, now, ARGV[b + NODE.expires], ARGV[b + NODE.deadline])
+  if start_by then redis.call('ZADD', K.expiring, start_by, id) end
   if need > 0 then
     -- Waiting: its delay counts from when its parents are done, its at= time stands.
     put('s', 'scheduled')

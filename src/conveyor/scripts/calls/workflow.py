@@ -64,7 +64,7 @@ def workflow_enqueue(
             delay_ms=_opt(s.delay_ms), at_ms=_opt(s.at_ms), max_attempts=s.max_attempts,
             visibility_ms=s.visibility_ms, args=node.args, name=node.name,
             waits_for=node.waits_for, run_if=node.run_if, parents=node.parents,
-            children=node.children))
+            children=node.children, expires=s.expires, deadline=s.deadline))
     return _call("workflow_enqueue", k, fixed, rest, int)
 
 

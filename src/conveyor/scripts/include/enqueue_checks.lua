@@ -1,4 +1,5 @@
 --@include clock
+--@include expiry_times
 -- Checks of enqueue's ARGV (see enqueue.lua's header), made before its first write.
 
 -- The first problem with the arguments, or nil.
@@ -24,7 +25,7 @@ local function enqueue_problem()
   if key ~= '' and n_jobs > 1 then return 'a dedupe key names one job, got ' .. n_jobs end
   if A.parent ~= '' and n_jobs ~= 1 then return 'a parent waits for one job, got ' .. n_jobs end
   for _, raw in ipairs({ A.expires, A.deadline }) do
-    if raw ~= '' and not tonumber((string.gsub(raw, '^%+', ''))) then
+    if not expiry_arg_ok(raw) then
       return "expires and deadline must be '+<ms>', '<ms>' or empty, got " .. raw
     end
   end
@@ -58,13 +59,6 @@ local function child_stored(job_prefix)
   return A.parent ~= '' and redis.call('EXISTS', job_prefix .. ARGV[ITEM.first + ITEM.short_id]) == 1
 end
 
--- An expires or deadline argument as an epoch time (ms): '+<ms>' counts from now.
-local function epoch_ms(raw, now)
-  if raw == '' then return nil end
-  if string.sub(raw, 1, 1) == '+' then return now + tonumber(string.sub(raw, 2)) end
-  return tonumber(raw)
-end
-
 -- The fields few jobs have, appended to `record` when they apply: debounce's latest run,
 -- a periodic tick, the trace id, the waiting parent, the times to start and finish by
 -- (include/expiry.lua). Returns the time the jobs must start by (ms), or nil.
@@ -77,10 +71,5 @@ local function rarer_fields(record, now, debounce_max_ms, claim_tick)
   if A.claim ~= '' then put('tick', seconds(claim_tick)) end
   if A.trace ~= '' then put('tr', A.trace) end
   if A.parent ~= '' then put('pw', A.parent) end
-  local expires, deadline = epoch_ms(A.expires, now), epoch_ms(A.deadline, now)
-  local start_by = expires
-  if deadline and (not start_by or deadline < start_by) then start_by = deadline end
-  if start_by then put('x', string.format('%d', start_by)) end
-  if deadline then put('dl', string.format('%d', deadline)) end
-  return start_by
+  return put_expiry(put, now, A.expires, A.deadline)
 end

@@ -1,0 +1,23 @@
+-- The times a job must start and finish by (include/expiry.lua), from the arguments an
+-- enqueue gets for them: '' none, '+<ms>' from now, '<ms>' an epoch time.
+
+local function epoch_ms(raw, now)
+  if raw == nil or raw == '' then return nil end
+  if string.sub(raw, 1, 1) == '+' then return now + tonumber(string.sub(raw, 2)) end
+  return tonumber(raw)
+end
+
+-- Whether an expires or deadline argument is one of those forms.
+local function expiry_arg_ok(raw)
+  return raw == '' or tonumber((string.gsub(raw, '^%+', ''))) ~= nil
+end
+
+-- Put 'x' (start by: the earlier of the two) and 'dl' (deadline) with put(field, value);
+-- returns the start-by time (ms), or nil.
+local function put_expiry(put, now, expires, deadline)
+  local start_by, finish_by = epoch_ms(expires, now), epoch_ms(deadline, now)
+  if finish_by and (not start_by or finish_by < start_by) then start_by = finish_by end
+  if start_by then put('x', string.format('%d', start_by)) end
+  if finish_by then put('dl', string.format('%d', finish_by)) end
+  return start_by
+end
