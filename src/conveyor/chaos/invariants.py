@@ -36,7 +36,8 @@ from .tasks import WORK_KINDS, LedgerEntry
 
 __all__ = ["Check", "Counters", "Evidence", "JobRecord", "Summary", "check"]
 
-FINAL = ("succeeded", "dead", "cancelled")
+FINAL = ("succeeded", "dead", "cancelled", "expired")
+STARTS = ("start", "late")  # a run began (late: past its job's expiry)
 SHOWN = 8  # offending jobs named in a failed check's detail
 
 
@@ -138,7 +139,7 @@ def _runs(ev: Evidence) -> Counter[str]:
     """Runs started per label, of the job the producer knows by that label: a start
     written under another job id is a run of a second copy (see :func:`_stored_once`)."""
     ids = {j.label: j.id for j in ev.jobs}
-    return Counter(e.label for e in ev.ledger if e.phase == "start"
+    return Counter(e.label for e in ev.ledger if e.phase in STARTS
                    and (not e.job or e.job == ids.get(e.label, e.job)))
 
 
@@ -156,7 +157,7 @@ def _overlaps(ledger: list[LedgerEntry]) -> list[str]:
         if e.kind not in WORK_KINDS:
             continue  # a hung poison run's thread outlives its attempt by design
         key = (e.label, e.pid)
-        if e.phase == "start":
+        if e.phase in STARTS:
             if open_runs[key]:
                 bad.append(f"{e.label} in pid {e.pid}")
             open_runs[key] += 1
@@ -243,7 +244,7 @@ def _stored_once(ev: Evidence) -> Check:
     ids = {j.label: j.id for j in ev.jobs}
     found: dict[str, set[str]] = {}
     for e in ev.ledger:
-        if e.phase == "start" and e.job:
+        if e.phase in STARTS and e.job:
             found.setdefault(e.label, set()).add(e.job)
     twice = []
     for label, jobs in found.items():
@@ -292,13 +293,29 @@ def _order(ev: Evidence) -> Check:
     first_ok: dict[str, int] = {}
     first_start: dict[str, int] = {}
     for i, e in enumerate(ev.ledger):
-        seen = first_ok if e.phase == "ok" else first_start if e.phase == "start" else None
+        seen = first_ok if e.phase == "ok" else first_start if e.phase in STARTS else None
         if seen is not None:
             seen.setdefault(e.label, i)
     early = [f"{child} started before {parent} completed" for parent, child in ev.edges
              if child in first_start and first_start[child] < first_ok.get(parent, 1 << 62)]
     return _verdict("workflow jobs start only after their parents completed", early,
                     f"{len(ev.edges)} dependencies kept")
+
+
+def _expiry(ev: Evidence) -> list[Check]:
+    """Jobs enqueued with a short ``expires``: none started late, and each ended succeeded
+    or expired (a job without one never expires)."""
+    late = sorted({e.label for e in ev.ledger if e.phase == "late"})
+    wrong = [_describe(j) for j in ev.jobs if j.state == "expired" and j.kind != "expiring"]
+    unended = [_describe(j) for j in ev.jobs if j.kind == "expiring"
+               and j.state not in ("succeeded", "expired", "cancelled")]
+    counts = Counter(j.state for j in ev.jobs if j.kind == "expiring")
+    return [
+        _verdict("no job started after its expiry", late,
+                 f"{counts['succeeded']} started in time, {counts['expired']} expired"),
+        _verdict("only jobs with an expiry expire, and each ends succeeded or expired",
+                 wrong + unended, "all did"),
+    ]
 
 
 def _waits(ev: Evidence) -> list[Check]:
@@ -346,5 +363,5 @@ def check(ev: Evidence) -> tuple[list[Check], Summary]:
     per_queue = [check for i, (queue, c) in enumerate(ev.counters.items())
                  for check in _counters(c, queue if i else "")]
     checks = [*_outcomes(ev), *_successes(ev, runs), _bound(summary), *per_queue, _order(ev),
-              *_waits(ev)]
+              *_waits(ev), *_expiry(ev)]
     return checks, summary

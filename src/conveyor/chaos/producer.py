@@ -4,6 +4,7 @@ happen, and the poison jobs and cancels the fault schedule asks for. It keeps ev
 whose enqueue returned: those are the jobs conveyor promises never to lose; and every
 dependency of the workflows it enqueued, which the checks hold the ledger to.
 
+Some jobs must start within a short time of their enqueue (``expires``), or expire.
 Some jobs wait durably for a signal: the producer sends it a moment after their enqueue
 (before or after they reach the wait), half of them through the proxy; a signal call that
 raised is sent again, the same request (so a reply lost does not deliver it twice).
@@ -40,6 +41,8 @@ RESENDS = 3  # an enqueue that raised is sent again up to this many times
 RESEND_PAUSE = 0.3  # seconds before sending it again
 WAIT_EVERY = 5  # every 5th batch adds a job that waits for a signal, then for a child
 SIGNAL_AFTER = (0.0, 3.0)  # seconds from a wait job's enqueue to its signal (uniform)
+EXPIRING_EVERY = 3  # every 3rd tick adds a job that must start within EXPIRES seconds
+EXPIRES = (0.2, 3.0)  # (uniform): some expire under the faults, most start in time
 
 
 class Producer:
@@ -71,6 +74,7 @@ class Producer:
         self._labels = 0
         self._poison = 0
         self._waits = 0
+        self._expiring = 0
         # signals still to send: (due, monotonic; label; the call, its request kept)
         self.signals: list[tuple[float, str, ScriptCall[int], ChaosTasks]] = []
         self.signalled = 0  # signals answered
@@ -89,6 +93,8 @@ class Producer:
         began, tick = time.monotonic(), 0
         while self.enqueued < p.jobs and not self.stop.is_set():
             self._batch(min(per, p.jobs - self.enqueued))
+            if tick % EXPIRING_EVERY == 0:
+                self._expiring_job()
             if tick % WAIT_EVERY == 0:  # half of them through the proxy, when there is one
                 routed = self.routed is not None and self.rng.random() < 0.5
                 self._wait_job(self.routed if routed and self.routed else self.tasks)
@@ -98,6 +104,13 @@ class Producer:
         while self.signals and not self.stop.is_set():  # the last ones, then done
             self._send_signals()
             self.stop.wait(TICK)
+
+    def _expiring_job(self) -> None:
+        """Enqueue a job that must start within a short time, or expire."""
+        self._expiring += 1
+        label, seconds = f"expiring:{self._expiring}", round(self.rng.uniform(0.0, 0.2), 3)
+        task = self.tasks.expiring.options(expires=round(self.rng.uniform(*EXPIRES), 2))
+        self._send([(label, seconds)], lambda items: [task.enqueue(*items[0])], "expiring")
 
     def _wait_job(self, tasks: ChaosTasks) -> None:
         """Enqueue a job that waits for a signal and a child; its signal is sent later."""

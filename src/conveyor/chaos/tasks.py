@@ -15,6 +15,10 @@ for a child job on the side queue (``ctx.child``); a run that suspends notes ``s
 and the resumed run notes ``ok`` only if it got its own signal and its own child's result
 (``wrong`` otherwise).
 
+The expiring task belongs to jobs enqueued with a short ``expires``: a run notes ``late``
+instead of ``start`` when it begins past the time its job had to start by (read from its
+record, on the same machine's clock as the server's).
+
 The poison tasks misbehave on purpose: one raises, one SIGKILLs its own process, one leaves
 it with ``os._exit``, one sleeps far past its timeout. Each must end dead with a reason,
 after its attempts, without holding up anything else.
@@ -53,9 +57,10 @@ HANG_TIMEOUT = 1.0
 HANG_SECONDS = 4.0  # a sync task cannot be interrupted: its thread stays busy this long
 RETRY_BACKOFF = 0.2
 POISON = ("raise", "kill", "exit", "hang")
-WORK_KINDS = ("work", "wait")  # jobs that must succeed (or be cancelled)
+WORK_KINDS = ("work", "wait", "expiring")  # jobs that must succeed (or be cancelled)
 KINDS = (*WORK_KINDS, *POISON)
 SIGNAL = "go"  # the signal a wait job waits for; its payload is the job's label
+LATE_SLACK_MS = 5.0  # the worker's clock may be this far ahead of the server's
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -66,7 +71,7 @@ class LedgerEntry:
     label: str
     run: str
     pid: int
-    phase: str  # start | ok | raise | suspend | wrong
+    phase: str  # start | ok | raise | suspend | wrong | late
     job: str = ""  # the id of the job the run was for ("" in entries written without it)
 
     @property
@@ -96,6 +101,8 @@ class ChaosTasks:
                          backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._work)
         self.side = task(name="chaos.side", queue=SIDE_QUEUE, retries=WORK_RETRIES,
                          backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._work)
+        self.expiring = task(name="chaos.expiring", queue=QUEUE, retries=WORK_RETRIES,
+                             backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._expiring)
         self.waits = task(name="chaos.wait", queue=QUEUE, retries=WORK_RETRIES,
                           backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._wait)
 
@@ -109,8 +116,9 @@ class ChaosTasks:
         self.hangs = poison("chaos.hang", HANG_TIMEOUT)(self._hang)
 
     def by_kind(self, kind: str) -> Task[Any, Any]:
-        return {"work": self.work, "wait": self.waits, "raise": self.raises, "kill": self.kills,
-                "exit": self.exits, "hang": self.hangs}[kind]
+        return {"work": self.work, "wait": self.waits, "expiring": self.expiring,
+                "raise": self.raises, "kill": self.kills, "exit": self.exits,
+                "hang": self.hangs}[kind]
 
     def _note(self, label: str, run: str, phase: str) -> None:
         try:
@@ -140,6 +148,17 @@ class ChaosTasks:
             self._note(label, run, "suspend")
             raise
         self._note(label, run, "ok" if payload == label and kid == f"{label}/kid" else "wrong")
+        return label
+
+    def _expiring(self, label: str, seconds: float) -> str:
+        ctx = current_job()
+        start_by = self.app.redis.hget(self.app.keys(ctx.queue).job(ctx.id.split("~", 1)[1]),
+                                       "x")
+        late = start_by is not None and time.time() * 1000 > float(start_by) + LATE_SLACK_MS
+        run = os.urandom(4).hex()
+        self._note(label, run, "late" if late else "start")
+        time.sleep(seconds)
+        self._note(label, run, "ok")
         return label
 
     def _raise(self, label: str) -> None:
