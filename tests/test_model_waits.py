@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -79,7 +79,9 @@ class Job:
     recorded: dict[str, bytes] = field(default_factory=dict)  # name -> outcome
     mailbox: dict[str, list[bytes]] = field(default_factory=dict)  # kept signals, oldest first
     told_to_suspend: bool = False  # this run got WAIT_SUSPEND: it ends with finish(suspend)
+    cancelling: bool = False  # cancelled while its run went on
     result: bytes = b""  # what it ended with (ok: its result; dead: its error)
+    program: list[tuple[str, float | None]] = field(default_factory=list)  # its task's waits
 
     def open_wait(self) -> str | None:
         """The current wait when its outcome is not recorded yet."""
@@ -128,6 +130,7 @@ class WaitsMachine(RuleBasedStateMachine):
             with LoseReplies(b"EVALSHA\r\n") as lost:
                 reply = self.app.scripts.run(call)
             assert lost.lost == 1
+            event(f"a lost reply: {call.name}")
             return reply
         return self.app.scripts.run(call)
 
@@ -159,8 +162,12 @@ class WaitsMachine(RuleBasedStateMachine):
     def advance_time(self, ms: int) -> None:
         self.now += ms
 
-    @rule(n=st.integers(1, 2))
-    def enqueue(self, n: int) -> None:
+    @rule(n=st.integers(1, 2), programs=st.lists(st.lists(st.tuples(
+        st.sampled_from(NAMES), st.sampled_from([None, 0, 500, 2000])), max_size=3),
+        min_size=2, max_size=2))
+    def enqueue(self, n: int, programs: list[list[tuple[str, int | None]]]) -> None:
+        """Jobs of a task that reaches these waits in this order (each name once; a sleep
+        without a length sleeps 1000 ms, a child wait has none)."""
         batch = []
         for _ in range(n):
             self.serial += 1
@@ -168,8 +175,42 @@ class WaitsMachine(RuleBasedStateMachine):
         spec = calls.JobSpec(task="t", visibility_ms=VT)
         stored = self.run(calls.enqueue(self.k, spec, batch, self.limits, now=self.now))
         assert stored == [(short_id, True) for short_id, _ in batch]
-        for short_id, _ in batch:
-            self.jobs[short_id] = Job("ready")
+        for (short_id, _), steps in zip(batch, programs, strict=False):
+            program: dict[str, float | None] = {}
+            for name, ms in steps:
+                if KIND[name] == "child":
+                    ms = None
+                elif KIND[name] == "time" and ms is None:
+                    ms = 1000
+                program.setdefault(name, ms)
+            self.jobs[short_id] = Job("ready", program=list(program.items()))
+
+    @rule(data=st.data(), count=st.integers(1, 3))
+    def worker_round(self, data: st.DataObject, count: int) -> None:
+        """A worker's round: a fetch, then each run it leased plays its task: it reaches the
+        task's waits in order until one suspends it (the run ends with finish(suspend)) or
+        all are over (the run ends ok, or dead)."""
+        before = set(self._in("active"))
+        self.fetch(count)
+        for short_id in sorted(set(self._in("active")) - before):
+            job = self.jobs[short_id]
+            for name, ms in job.program:
+                if name not in self._reachable(job, (name,)):
+                    break  # a step out of the task's order ran before: the run stays
+                self.serial += 1
+                code, named = self._wait(short_id, KIND[name], name, ms,
+                                         f"{QUEUE}~c{self.serial}" if KIND[name] == "child"
+                                         else "")
+                if code == calls.WAIT_SUSPEND:
+                    if KIND[name] == "child":
+                        self._store_child(short_id, named.decode())
+                    if data.draw(st.sampled_from([True, True, True, False])):
+                        self._finish_suspend(short_id, False)
+                    break
+            else:
+                self._finish_run(short_id, data.draw(st.sampled_from(["ok", "ok", "dead"])))
+        if self.outbox and data.draw(st.booleans()):
+            self.hand_over()  # a worker drains the outbox after the ends it acknowledged
 
     @rule(count=st.integers(1, 3))
     def fetch(self, count: int) -> None:
@@ -179,6 +220,7 @@ class WaitsMachine(RuleBasedStateMachine):
                 assert open_wait is not None
                 deadline = job.waits[open_wait].deadline
                 if deadline is not None and deadline <= self.now:
+                    event(f"fetch: a due {job.waits[open_wait].kind} wait made ready")
                     job.state = "ready"
         ready = set(self._in("ready"))
         fetched = self.run(calls.fetch(self.k, count, self.limits, now=self.now))
@@ -202,23 +244,34 @@ class WaitsMachine(RuleBasedStateMachine):
         reply = self.run(calls.wait(self.k, short_id, job.tokens[-1], kind, name, ms,
                                     child=child, now=self.now))
         expected: tuple[int, bytes]
+        if job.cancelling:  # the run is to stop: nothing is recorded or described
+            assert reply[0] == calls.WAIT_CANCELLING, (short_id, name, reply, job)
+            event("wait: cancelling")
+            return reply
         if name in job.recorded:
             expected = (calls.WAIT_RECORDED, job.recorded[name])
         elif kind == "signal" and job.mailbox.get(name):
             job.recorded[name] = b"s" + job.mailbox[name].pop(0)  # oldest first
             expected = (calls.WAIT_RECORDED, job.recorded[name])
         else:
-            if name not in job.waits:
+            first = name not in job.waits
+            if first:
                 job.waits[name] = Wait(kind, None if ms is None else self.now + ms, child)
             job.current = name
             wait = job.waits[name]
-            if wait.deadline is not None and self.now >= wait.deadline:
+            # A wait reached before keeps its end in time: once passed, it is over. On its
+            # first reach only a sleep of 0 is over at once: a signal wait with a timeout
+            # of 0 suspends (its end, now, is due at the next fetch).
+            if wait.deadline is not None and self.now >= wait.deadline and (
+                    not first or kind == "time"):
                 job.recorded[name] = b"t" if kind == "time" else b"x"
                 expected = (calls.WAIT_RECORDED, job.recorded[name])
             else:
                 job.told_to_suspend = True
                 expected = (calls.WAIT_SUSPEND, wait.child.encode())
         assert reply == expected, (short_id, name, reply, expected, job)
+        event(f"wait {kind}: " + ("recorded " + expected[1][:1].decode()
+                                  if expected[0] == calls.WAIT_RECORDED else "suspend"))
         return expected
 
     @precondition(lambda self: any(self._reachable(self.jobs[i], SLEEPS)
@@ -295,6 +348,9 @@ class WaitsMachine(RuleBasedStateMachine):
     def finish_suspend(self, data: st.DataObject, stale: bool) -> None:
         short_id = data.draw(st.sampled_from(sorted(
             i for i, j in self.jobs.items() if j.state == "active" and j.told_to_suspend)))
+        self._finish_suspend(short_id, stale)
+
+    def _finish_suspend(self, short_id: str, stale: bool) -> None:
         job = self.jobs[short_id]
         token = job.tokens[-1] + ("x" if stale else "")
         finished = self.run(calls.finish(self.k, [calls.Outcome(
@@ -306,6 +362,7 @@ class WaitsMachine(RuleBasedStateMachine):
         job.attempts -= 1
         job.told_to_suspend = False
         if job.open_wait() is None:  # recorded since the wait call: ready at once
+            event("finish suspend: ready at once")
             job.state = "ready"
             assert finished.codes == [calls.FINISH_SUSPENDED[1]], (short_id, job)
         else:
@@ -316,7 +373,9 @@ class WaitsMachine(RuleBasedStateMachine):
     @rule(data=st.data(), outcome=st.sampled_from(["ok", "ok", "dead"]))
     def finish_the_run(self, data: st.DataObject, outcome: str) -> None:
         """A run that went past its waits (or reached none) ends: ok or dead."""
-        short_id = data.draw(st.sampled_from(self._running()))
+        self._finish_run(data.draw(st.sampled_from(self._running())), outcome)
+
+    def _finish_run(self, short_id: str, outcome: str) -> None:
         job = self.jobs[short_id]
         payload = (b'"r-' if outcome == "ok" else b"Boom: ") + short_id.encode() + (
             b'"' if outcome == "ok" else b"")
@@ -324,6 +383,10 @@ class WaitsMachine(RuleBasedStateMachine):
             short_id, job.tokens[-1], outcome, self.now / 1000, payload, 0)], self.limits,
             now=self.now))
         assert isinstance(finished, calls.Finished)
+        if job.cancelling:  # whatever a cancelled run reports, it ends cancelled
+            assert finished.codes == [calls.FINISH_CANCELLED], (short_id, job)
+            self._end(short_id, "cancelled", b"")
+            return
         expected = calls.FINISH_SUCCEEDED if outcome == "ok" else calls.FINISH_DEAD
         assert finished.codes == [expected], (short_id, job)
         self._end(short_id, "succeeded" if outcome == "ok" else "dead", payload)
@@ -345,18 +408,55 @@ class WaitsMachine(RuleBasedStateMachine):
         assert before == job.state, (short_id, before, job)
         self._end(short_id, "cancelled", b"not needed")
 
-    @rule(data=st.data(), name=st.sampled_from(SIGNALS))
-    def signal(self, data: st.DataObject, name: str) -> None:
-        """A signal to any job (or one never enqueued): delivered, kept or refused."""
-        short_id = data.draw(st.sampled_from([*sorted(self.jobs), "nobody"]))
+    @precondition(lambda self: any(not self.jobs[i].parent for i in self._running()))
+    @rule(data=st.data())
+    def cancel_a_run(self, data: st.DataObject) -> None:
+        """Cancel a running job (not told to suspend, no child): its holder is asked to
+        stop; a wait it reaches is refused as cancelling, and it ends cancelled."""
+        short_id = data.draw(st.sampled_from(
+            [i for i in self._running() if not self.jobs[i].parent]))
+        before = self.run(calls.cancel(self.k, short_id, self.limits, "stop", now=self.now))
+        assert before == "active", (short_id, before)
+        self.jobs[short_id].cancelling = True
+
+    def _timed_out(self) -> list[tuple[str, str]]:
+        return sorted((i, n) for i, j in self.jobs.items() for n, v in j.recorded.items()
+                      if v == b"x" and j.state not in ENDED)
+
+    @precondition(lambda self: self._timed_out())
+    @rule(data=st.data())
+    def signal_a_wait_that_timed_out(self, data: st.DataObject) -> None:
+        """The timeout was recorded first: the signal that comes late is kept, not
+        consumed (a later wait of that name would take it)."""
+        short_id, name = data.draw(st.sampled_from(self._timed_out()))
+        self._signal(short_id, name)
+
+    @rule(data=st.data(), name=st.sampled_from(SIGNALS), aim=st.booleans())
+    def signal(self, data: st.DataObject, name: str, aim: bool) -> None:
+        """A signal to any job (or one never enqueued): delivered, kept or refused; aimed,
+        it names a signal wait a job reached (open, or over: timed out, or consumed)."""
+        reached = sorted((i, n) for i, j in self.jobs.items() for n in j.waits
+                         if KIND[n] == "signal" and j.state not in ENDED)
+        if aim and reached:
+            short_id, name = data.draw(st.sampled_from(reached))
+        else:
+            short_id = data.draw(st.sampled_from([*sorted(self.jobs), *sorted(self.jobs),
+                                                  "nobody"]))
+        self._signal(short_id, name)
+
+    def _signal(self, short_id: str, name: str) -> None:
         self.sent += 1
         payload = b"P%04dQ" % self.sent
         reply = self.run(calls.signal(self.k, short_id, name, payload))
         job = self.jobs.get(short_id)
+        event(f"signal to a {job.state if job else 'missing'} job")
         if job is None or job.state in ENDED:
             expected = calls.SIGNAL_REFUSED
         elif job.open_wait() == name and job.waits[name].kind == "signal":
             expected = calls.SIGNAL_DELIVERED
+            deadline = job.waits[name].deadline
+            if deadline is not None and deadline <= self.now:
+                event("a signal beats the timeout that passed")
             job.recorded[name] = b"s" + payload
             if job.state == "suspended":
                 job.state = "ready"
@@ -364,13 +464,18 @@ class WaitsMachine(RuleBasedStateMachine):
             expected = calls.SIGNAL_KEPT
             job.mailbox.setdefault(name, []).append(payload)
         assert reply == expected, (short_id, name, reply, expected, job)
+        event(f"signal reply {reply}")
+        if job is not None and name in job.recorded and job.recorded[name] == b"x":
+            event("a signal after its wait timed out")
         if expected != calls.SIGNAL_REFUSED:
             self.accepted.setdefault(short_id, set()).add(payload)
 
     def _resume(self, parent_id: str, child_id: str, outcome: bytes) -> int:
-        """The model of ``resume``: how many parents became ready (0 or 1)."""
+        """The model of ``resume``: how many parents became ready (0 or 1). The contract
+        asks only that the parent's current wait be that child's, open: an ended parent
+        (cancelled while suspended) gets the outcome recorded too, and stays ended."""
         parent = self.jobs.get(parent_id.split("~", 1)[1])
-        if parent is None or parent.state in ENDED:
+        if parent is None:
             return 0
         open_wait = parent.open_wait()
         if open_wait is None or parent.waits[open_wait].kind != "child" or \
@@ -394,7 +499,10 @@ class WaitsMachine(RuleBasedStateMachine):
         """A drainer empties the outbox: each ended child's parent learns of its end."""
         drain_sync(self.app, [QUEUE])
         for child in self.outbox:
-            self._resume(self.jobs[child].parent, self._job_id(child), self._child_outcome(child))
+            made_ready = self._resume(self.jobs[child].parent, self._job_id(child),
+                                      self._child_outcome(child))
+            event(f"hand-over of a {self.jobs[child].state} child"
+                  + (": parent made ready" if made_ready else ""))
         self.outbox = []
 
     @precondition(lambda self: any(j.waits for j in self.jobs.values()))
@@ -416,6 +524,17 @@ class WaitsMachine(RuleBasedStateMachine):
             assert reply == expected, (parent, child_id, reply, expected, job)
 
     # -- comparison ------------------------------------------------------------------------
+
+    def _members(self, key: str) -> set[str]:
+        """Members of the suspended set: who is in it is the contract, not its type (a
+        sorted set by when each suspended, or a plain set)."""
+        redis = self.app.redis
+        kind = redis.type(key)
+        if kind in (b"none", "none"):
+            return set()
+        if kind in (b"set", "set"):
+            return {m.decode() for m in redis.smembers(key)}
+        return {m.decode() for m in redis.zrange(key, 0, -1)}
 
     @invariant()
     def redis_matches_the_model(self) -> None:
@@ -449,10 +568,9 @@ class WaitsMachine(RuleBasedStateMachine):
                     for payload in consumed:
                         assert payload not in box, ("a consumed signal is kept", short_id)
         sets = {name: {m.decode(): s for m, s in redis.zrange(key, 0, -1, withscores=True)}
-                for name, key in (("leases", self.k.leases), ("delayed", self.k.delayed),
-                                  ("suspended", self.k.suspended))}
+                for name, key in (("leases", self.k.leases), ("delayed", self.k.delayed))}
         assert set(sets["leases"]) == set(self._in("active"))
-        assert set(sets["suspended"]) == set(self._in("suspended"))
+        assert self._members(self.k.suspended) == set(self._in("suspended"))
         timed: dict[str, float] = {}
         for short_id in self._in("suspended"):
             deadline = self.jobs[short_id].waits[self.jobs[short_id].open_wait() or ""].deadline
@@ -467,6 +585,7 @@ class WaitsMachine(RuleBasedStateMachine):
 
 
 WaitsMachine.TestCase.settings = settings(
-    max_examples=EXAMPLES, stateful_step_count=40, deadline=None,
+    max_examples=EXAMPLES, stateful_step_count=50, deadline=None,
+    phases=[p for p in Phase if p != Phase.explain],  # tracing is slow on Python 3.11
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_durable_waits_match_their_model = WaitsMachine.TestCase
