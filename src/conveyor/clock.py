@@ -61,9 +61,16 @@ class ServerClock:
     def __init__(self) -> None:
         self._offset: float | None = None  # server epoch seconds - local monotonic seconds
 
-    def observe(self, server_ms: float) -> None:
-        """Record the server time carried by a reply that has just arrived."""
-        self._offset = server_ms / 1000 - time.monotonic()
+    def observe(self, server_ms: float, sent_at: float | None = None) -> None:
+        """Record the server time carried by a reply that has just arrived.
+
+        :param sent_at: the local monotonic time the request was sent at. A script reads
+            the time when it starts and may run long after (a fetch that expires a
+            thousand jobs): anchored at the send, the estimate is off by the way there
+            only (a timer then fires a little early, which costs a fetch), never by the
+            script's run and the way back (a timer would fire late).
+        """
+        self._offset = server_ms / 1000 - (time.monotonic() if sent_at is None else sent_at)
 
     def passed(self, server_ms: float) -> None:
         """Record a time the server's clock has reached by now, from a reply that may have

@@ -143,8 +143,8 @@ end
 for i = 0, n_jobs - 1 do
   record[n_fields + 1], record[n_fields + 2] = 'a', ARGV[FIRST + i * FIELDS + ARGS]
   redis.call('HSET', job_prefix .. ids[i + 1], unpack(record))
-  if start_by then redis.call('ZADD', K.expiring, start_by, ids[i + 1]) end
 end
+if start_by then on_timer(K.expiring, start_by, ids) end
 if key ~= '' then dedupe_created(K, key, ids[1], throttle_ms) end
 
 if n_jobs > 0 then

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -116,7 +117,7 @@ class Consumer:
             if ((not self._more[queue] and not self._is_due(queue))
                     or self._fetch_backoff.waiting(queue)):
                 continue
-            wakes = self._wakes
+            wakes, sent = self._wakes, time.monotonic()
             try:
                 fetched, want = await self._fetch(queue, free)
             except REDIS_ERRORS as exc:
@@ -124,7 +125,7 @@ class Consumer:
                 continue
             if self._fetch_backoff.succeeded(queue):
                 log.info("fetching from queue %s again", queue, extra={"redis_back": True})
-            self._fetched(queue, fetched, want, wakes)
+            self._fetched(queue, fetched, want, wakes, sent)
             # A fetch sent again may have leased for more slots than are free now (jobs
             # were handed over meanwhile): the rest goes back at once, attempt refunded.
             room = 0 if self._stopping() else max(0, self.slots.free())
@@ -137,10 +138,12 @@ class Consumer:
         self._rotation = (self._rotation + 1) % n
         return took
 
-    def _fetched(self, queue: str, fetched: calls.Fetched, want: int, wakes: int) -> None:
-        """Learn from a fetch's reply what ``queue`` holds now."""
+    def _fetched(self, queue: str, fetched: calls.Fetched, want: int, wakes: int,
+                 sent: float) -> None:
+        """Learn from a fetch's reply what ``queue`` holds now (``sent``: when it was sent,
+        local monotonic time)."""
         self._waiting.offered(queue, fetched.offered)
-        self._clock.observe(fetched.now_ms)
+        self._clock.observe(fetched.now_ms, sent)
         self.next_due[queue] = fetched.next_due_ms
         # A wake-up that came while the fetch was on the wire may be for a job stored
         # after the script ran: look again rather than lose it.

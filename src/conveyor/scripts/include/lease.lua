@@ -14,7 +14,7 @@
 -- it runs; the run's finish writes the time its function really began.
 local function new_lease_batch(holder)
   return { jobs = {}, leases = {}, active = {}, by_tenant = {}, popped_ready = 0,
-    token_base = 0, tokens_left = 0, holder = holder or '' }
+    token_base = 0, tokens_left = 0, holder = holder or '', off_timer = {} }
 end
 
 -- Lease one ready job: a fresh token, the record active, its deadline, and its fields in
@@ -67,7 +67,7 @@ local function lease_ready(k, acc, now, want, nonce, id, key)
       redis.call('ZADD', k.expiring, deadline, id)
       if not acc.soonest or deadline < acc.soonest then acc.soonest = deadline end
     else
-      redis.call('ZREM', k.expiring, id)
+      acc.off_timer[#acc.off_timer + 1] = id  -- off the timer with the batch's leases
     end
   end
   grant(k, acc, now, want, nonce, id, key, f)
@@ -115,6 +115,10 @@ local function record_leases(k, tally, acc)
   if acc.popped_ready > 0 then add_count(k.counts, 'ready', -acc.popped_ready) end
   for i = 1, #acc.leases, 500 do
     redis.call('ZADD', k.leases, unpack(acc.leases, i, math.min(i + 499, #acc.leases)))
+  end
+  for i = 1, #acc.off_timer, 500 do  -- started in time, with no deadline to keep
+    redis.call('ZREM', k.expiring, unpack(acc.off_timer, i, math.min(i + 499,
+      #acc.off_timer)))
   end
   for task, n in pairs(acc.active) do
     add_count(k.active, task, n)
