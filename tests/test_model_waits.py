@@ -260,8 +260,9 @@ class WaitsMachine(RuleBasedStateMachine):
             job.current = name
             wait = job.waits[name]
             # A wait reached before keeps its end in time: once passed, it is over. On its
-            # first reach only a sleep of 0 is over at once: a signal wait with a timeout
-            # of 0 suspends (its end, now, is due at the next fetch).
+            # first reach only a sleep of 0 is over at once (the contract's words); a signal
+            # wait with a timeout of 0 suspends, due at the next fetch, whose run records
+            # the timeout (what the scripts do: a point reported, not settled here).
             if wait.deadline is not None and self.now >= wait.deadline and (
                     not first or kind == "time"):
                 job.recorded[name] = b"t" if kind == "time" else b"x"

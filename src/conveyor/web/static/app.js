@@ -240,7 +240,7 @@
         const resultPanel = document.getElementById("result-panel");
         resultPanel.hidden = data.state !== "succeeded";
         if (data.state === "succeeded") document.getElementById("result").textContent = JSON.stringify(data.result, null, 2);
-        if (["succeeded", "cancelled", "dead", "expired"].includes(data.state)) stop();
+        if (["succeeded", "cancelled", "expired"].includes(data.state)) stop();
       });
     },
   };
