@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import conveyor
-from conveyor import Batch, BatchItem, ConfigurationError, JobState
+from conveyor import Batch, BatchItem, ConfigurationError, JobState, testing
 from helpers import running_worker, wait_until
 
 
@@ -292,3 +292,30 @@ def test_a_batch_function_must_take_the_list_of_items(app: conveyor.Conveyor) ->
         return None
 
     assert unannotated.batch == Batch()
+
+
+def test_inline_calls_a_batch_task_with_the_items_of_one_enqueue() -> None:
+    app = conveyor.Conveyor("redis://127.0.0.1:1/0", namespace="inline-batch")
+    calls: list[list[Any]] = []
+
+    @app.task(batch=Batch(max=10), retries=1)
+    def index(items: list[BatchItem]) -> None:
+        calls.append([(i.args, i.kwargs, i.tenant, i.attempt) for i in items])
+        for item in items:
+            if item.args == ["bad"]:
+                item.fail("bad document")
+            elif item.args == ["flaky"] and item.attempt == 1:
+                item.retry("try again")
+            else:
+                item.result = item.args[0]
+
+    with testing.inline(app):
+        one = index.options(tenant="acme").enqueue("solo")
+        many = index.enqueue_many(["a", "bad", "flaky"])
+        assert one.result() == "solo"
+        assert many[0].result() == "a" and many[2].result() == "flaky"
+        with pytest.raises(conveyor.JobFailed, match="bad document"):
+            many[1].result()
+    assert calls == [[(["solo"], {}, "acme", 1)],
+                     [(["a"], {}, None, 1), (["bad"], {}, None, 1), (["flaky"], {}, None, 1)],
+                     [(["flaky"], {}, None, 2)]]
