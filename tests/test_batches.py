@@ -319,3 +319,35 @@ def test_inline_calls_a_batch_task_with_the_items_of_one_enqueue() -> None:
     assert calls == [[(["solo"], {}, "acme", 1)],
                      [(["a"], {}, None, 1), (["bad"], {}, None, 1), (["flaky"], {}, None, 1)],
                      [(["flaky"], {}, None, 2)]]
+
+
+def test_a_calls_outcomes_are_recorded_together(app: conveyor.Conveyor) -> None:
+    @app.task(batch=Batch(max=20, wait=5), retries=0)
+    def together(items: list[BatchItem]) -> None:
+        items[0].retry("again")  # no attempt left: dead, in the same finish
+        items[1].fail("no")
+
+    jobs = together.enqueue_many(range(20))
+    with running_worker(app, concurrency=1):
+        wait_until(lambda: all(j.info().finished_at for j in jobs), 10,
+                   message="the call's outcomes")
+    # One finish call reads the server's clock once: every job it records shares the time.
+    infos = [j.info() for j in jobs]
+    assert len({i.finished_at for i in infos}) == 1
+    assert Counter(str(i.state) for i in infos) == Counter(
+        {str(JobState.SUCCEEDED): 18, str(JobState.DEAD): 2})
+
+
+def test_gathered_items_keep_their_leases(app: conveyor.Conveyor) -> None:
+    ledger = Ledger(app)
+
+    @app.task(visibility_timeout=0.6, batch=Batch(max=10, min=5, wait=2.5))
+    def patient(items: list[BatchItem]) -> None:
+        ledger.note(xs=[i.args[0] for i in items])
+
+    jobs = patient.enqueue_many(["a", "b"])
+    with running_worker(app, concurrency=2):
+        _all_end(jobs, JobState.SUCCEEDED)
+    # Gathered four leases long: the heartbeat kept them, so nothing ran twice.
+    assert [sorted(c["xs"]) for c in ledger.calls()] == [["a", "b"]]
+    assert [j.info().attempts for j in jobs] == [1, 1]
