@@ -122,8 +122,8 @@ def table(results: dict[str, dict[str, list[float]]]) -> list[str]:
     for variant in VARIANTS[1:]:
         if variant in results:
             mine = {k: statistics.median(v) for k, v in results[variant].items()}
-            lines.append(f"\n{variant} against single: {mine['jobs_s'] / single['jobs_s']:.1f}×"
-                         f" jobs/s, {mine['redis_us_job'] / single['redis_us_job']:.2f}×"
+            lines.append(f"\n{variant} against single: {mine['jobs_s'] / single['jobs_s']:.1f}x"
+                         f" jobs/s, {mine['redis_us_job'] / single['redis_us_job']:.2f}x"
                          " Redis CPU per job")
     return lines
 
@@ -132,7 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3, help="alternated runs (default 3)")
-    parser.add_argument("--jobs", type=int, default=10_000, help="jobs per run")
+    parser.add_argument("--jobs", type=int, default=30_000, help="jobs per run")
     parser.add_argument("--tenants", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
