@@ -351,3 +351,27 @@ def test_gathered_items_keep_their_leases(app: conveyor.Conveyor) -> None:
     # Gathered four leases long: the heartbeat kept them, so nothing ran twice.
     assert [sorted(c["xs"]) for c in ledger.calls()] == [["a", "b"]]
     assert [j.info().attempts for j in jobs] == [1, 1]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_call_past_the_timeout_fails_its_items(app: conveyor.Conveyor, kind: str) -> None:
+    if kind == "sync":
+        @app.task(name="slow", timeout=0.3, retries=0, batch=Batch(max=10, wait=0.2))
+        def slow(items: list[BatchItem]) -> None:
+            time.sleep(1.0)
+            for item in items:
+                item.result = "too late"
+    else:
+        @app.task(name="slow", timeout=0.3, retries=0, batch=Batch(max=10, wait=0.2))
+        async def slow(items: list[BatchItem]) -> None:
+            await asyncio.sleep(1.0)
+            for item in items:
+                item.result = "too late"
+
+    jobs = slow.enqueue_many(["a", "b"])
+    with running_worker(app, concurrency=2):
+        _all_end(jobs, JobState.DEAD)
+        time.sleep(1.0)  # the sync call returns meanwhile: its results must be dropped
+    for job in jobs:
+        info = job.info()
+        assert info.state == JobState.DEAD and "ran longer than 0.3 s" in (info.error or "")

@@ -219,7 +219,23 @@ class Batches:
             call = self._loop.create_future()
             self._executor.threads.call(self._call_in_thread, (task, taken),
                                         lambda settled: self._ended(call, settled))
+            if task.timeout is not None:
+                timer = self._loop.call_later(task.timeout, self._overran, call, task, taken)
+                call.add_done_callback(lambda _call: timer.cancel())
         self._running.add(call)
+
+    def _overran(self, call: asyncio.Future[None], task: Task[Any, Any],
+                 taken: list[Gathered]) -> None:
+        """A sync call ran past the task's timeout: its items fail now as after a
+        ``TimeoutError``. Its thread cannot be interrupted, so the call keeps its slot
+        until it returns, and what it reports then is dropped."""
+        if call.done():
+            return
+        text = f"timeout: the batch call ran longer than {task.timeout} s"
+        log.error("a call of batch task %s overran its %s s timeout; its thread cannot be"
+                  " interrupted and keeps its slot until it returns", task.name, task.timeout)
+        for held, _, _ in taken:
+            self._finished(held, self._failed(held, task, TimeoutError(text), text))
 
     # -- running a call --------------------------------------------------------------------
 
