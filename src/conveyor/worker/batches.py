@@ -19,6 +19,8 @@ lease's token.
 The tenant of each item (``BatchItem.tenant``, and the buffer of a ``by="tenant"``
 task) is read from its record as the items arrive: one pipelined round trip per arrival,
 which leaves the fetch and hand-off scripts as they are.
+
+What becomes of each item when its call ends is decided in :mod:`.batch_outcomes`.
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ from .. import hooks
 from .. import keys as keyspace
 from ..batch import BatchItem
 from ..clock import ServerClock
-from ..errors import Fail, Snooze
 from ..scripts.calls import Outcome
 from .backoff import REDIS_ERRORS, pause_after
+from .batch_outcomes import ItemOutcomes, Settled
 from .executor import Executor, Held, describe
 
 if TYPE_CHECKING:
@@ -48,8 +50,6 @@ log = logging.getLogger("conveyor.worker")
 
 # An item gathered: its hold, its tenant, and the loop time it arrived.
 Gathered = tuple[Held, str | None, float]
-# What a call gives back: an outcome for each item it settled.
-Settled = list[tuple[Held, Outcome]]
 
 
 @dataclass(eq=False)
@@ -81,6 +81,7 @@ class Batches:
         self._slot_free = slot_free
         self._finished = finished
         self._progress = progress
+        self._outcomes = ItemOutcomes(app.codec, clock)
         self._loop = asyncio.get_running_loop()
         self._now = self._loop.time  # the loop's clock: when items arrived, when they are due
         self._buffers: dict[tuple[str, str, str | None], _Buffer] = {}
@@ -235,7 +236,7 @@ class Batches:
         log.error("a call of batch task %s overran its %s s timeout; its thread cannot be"
                   " interrupted and keeps its slot until it returns", task.name, task.timeout)
         for held, _, _ in taken:
-            self._finished(held, self._failed(held, task, TimeoutError(text), text))
+            self._finished(held, self._outcomes.failed(held, task, TimeoutError(text), text))
 
     # -- running a call --------------------------------------------------------------------
 
@@ -279,11 +280,11 @@ class Batches:
                 with self._hooks(task, items):
                     task.fn(items)
             except BaseException as exc:  # whatever the function raises settles its items
-                return settled + self._settle(task, items, exc)
-            return settled + self._settle(task, items, None)
+                return settled + self._outcomes.settle(task, items, exc)
+            return settled + self._outcomes.settle(task, items, None)
         except BaseException as exc:  # never leave a call without outcomes
             text = f"the batch call could not be settled: {describe(exc)}"
-            return [(held, self._retry(held, task, text)) for held, _, _ in taken]
+            return [(held, self._outcomes.retry(held, task, text)) for held, _, _ in taken]
 
     async def _acall(self, task: Task[Any, Any], taken: list[Gathered]) -> None:
         call = asyncio.current_task()
@@ -310,16 +311,16 @@ class Batches:
                         if not deadline.expired():
                             raise
                         text = f"timeout: the batch call ran longer than {task.timeout} s"
-                        return self._settle(task, items, TimeoutError(text), text)
+                        return self._outcomes.settle(task, items, TimeoutError(text), text)
         except asyncio.CancelledError:
             task_now = asyncio.current_task()
             if task_now is not None and task_now.cancelling() > 0:
                 raise
-            return self._settle(task, items, asyncio.CancelledError(),
+            return self._outcomes.settle(task, items, asyncio.CancelledError(),
                                 "CancelledError raised by the task")
         except BaseException as exc:
-            return self._settle(task, items, exc)
-        return self._settle(task, items, None)
+            return self._outcomes.settle(task, items, exc)
+        return self._outcomes.settle(task, items, None)
 
     def _ended(self, call: asyncio.Future[None], settled: Settled) -> None:
         """A call ended: its slot is free, and every item's outcome goes to the outbox in
@@ -330,61 +331,6 @@ class Batches:
         for held, outcome in settled:
             self._finished(held, outcome)
         self.dispatch()
-
-    # -- outcomes --------------------------------------------------------------------------
-
-    def _settle(self, task: Task[Any, Any], items: list[BatchItem],
-                exc: BaseException | None, error: str | None = None) -> Settled:
-        """Each item's outcome: its own mark first (dead, retry, or success with the result
-        it was given); then success when the call returned, or what the call's exception
-        means for it (``Fail``: dead; else a retry as the task's policy says, by the item's
-        own attempts)."""
-        text = None if exc is None or isinstance(exc, Fail | Snooze) else (
-            error or describe(exc))
-        settled: Settled = []
-        for item in items:
-            held: Held = item._lease
-            mark = item.marked
-            if mark is not None and mark[0] != "ok":
-                outcome = (self._dead(held, mark[1]) if mark[0] == "dead"
-                           else self._retry(held, task, mark[1]))
-            elif exc is None or mark is not None:
-                outcome = self._ok(held, task, item)
-            else:
-                outcome = self._failed(held, task, exc, text or "")
-            settled.append((held, outcome))
-        return settled
-
-    def _ok(self, held: Held, task: Task[Any, Any], item: BatchItem) -> Outcome:
-        try:
-            payload = self._app.codec.encode_result(item.result)
-        except Exception as exc:  # a result that cannot be stored fails this item alone
-            return self._failed(held, task, exc, describe(exc))
-        return Outcome(held.leased.short_id, held.leased.token, "ok", self._started(held),
-                       payload)
-
-    def _failed(self, held: Held, task: Task[Any, Any], exc: BaseException, text: str
-                ) -> Outcome:
-        if isinstance(exc, Fail):
-            return self._dead(held, exc.reason)
-        if isinstance(exc, Snooze):
-            return Outcome(held.leased.short_id, held.leased.token, "snooze",
-                           self._started(held), str(exc), int(exc.seconds * 1000))
-        if task.retries_after(exc):
-            return self._retry(held, task, text)
-        return self._dead(held, text)
-
-    def _dead(self, held: Held, reason: str) -> Outcome:
-        return Outcome(held.leased.short_id, held.leased.token, "dead", self._started(held),
-                       reason)
-
-    def _retry(self, held: Held, task: Task[Any, Any], error: str) -> Outcome:
-        delay = task.retry_delay(held.leased.attempts)
-        return Outcome(held.leased.short_id, held.leased.token, "retry", self._started(held),
-                       error, int(delay * 1000))
-
-    def _started(self, held: Held) -> float:
-        return held.started_at or self._clock.now()
 
     # -- a stop ----------------------------------------------------------------------------
 
