@@ -39,7 +39,7 @@ def make_app(url: str | None = None, namespace: str | None = None) -> conveyor.C
             time.sleep(0.05)
         app.redis.rpush(ledger_key(ns), *[f"done {i.args[0]} {pid}" for i in items])
         for item in items:
-            item.result = f"indexed {item.args[0]}"
+            item.result = f"indexed {item.args[0]} by {pid}"
 
     return app
 
