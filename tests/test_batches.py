@@ -375,3 +375,23 @@ def test_a_call_past_the_timeout_fails_its_items(app: conveyor.Conveyor, kind: s
     for job in jobs:
         info = job.info()
         assert info.state == JobState.DEAD and "ran longer than 0.3 s" in (info.error or "")
+
+
+def test_plain_and_batch_tasks_share_a_queue(app: conveyor.Conveyor) -> None:
+    ledger = Ledger(app)
+
+    @app.task(batch=Batch(max=25, wait=0.2))
+    def bulk(items: list[BatchItem]) -> None:
+        ledger.note(xs=[i.args[0] for i in items])
+
+    @app.task
+    def plain(n: int) -> int:
+        return n * 2
+
+    jobs = bulk.enqueue_many(range(100))
+    singles = plain.enqueue_many(range(30))
+    with running_worker(app, concurrency=2):
+        _all_end(jobs + singles, JobState.SUCCEEDED, timeout=30)
+        assert [j.result(timeout=1) for j in singles] == [n * 2 for n in range(30)]
+    assert sorted(ledger.items()) == list(range(100))
+    assert max(len(c["xs"]) for c in ledger.calls()) > 1
