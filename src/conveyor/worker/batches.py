@@ -77,7 +77,6 @@ class Batches:
         self._app = app
         self._clock = clock
         self._executor = executor
-        self._concurrency = concurrency
         self._slot_free = slot_free
         self._finished = finished
         self._progress = progress
@@ -91,6 +90,9 @@ class Batches:
         self._timer: asyncio.TimerHandle | None = None
         self._running: set[asyncio.Future[None]] = set()
         self.held = 0  # batch items held: gathered, or in a call (kept by Slots)
+        largest = max((t.batch.max for t in app.tasks.values() if t.batch is not None),
+                      default=0)
+        self._cap = concurrency * largest  # (asked for each job leased: worked out once)
 
     @property
     def calls(self) -> int:
@@ -100,9 +102,7 @@ class Batches:
     def cap(self) -> int:
         """Most batch items the worker holds at once: a call of the largest ``max`` for
         each slot (0 when the app has no batch task)."""
-        largest = max((t.batch.max for t in self._app.tasks.values() if t.batch is not None),
-                      default=0)
-        return self._concurrency * largest
+        return self._cap
 
     def queues(self) -> set[str]:
         """Queues that batch tasks send their jobs to by default."""
@@ -121,7 +121,7 @@ class Batches:
             self._placing[held.queue] = asyncio.create_task(self._place(held.queue))
 
     def fetched(self, queue: str, drained: bool) -> None:
-        """A fetch from ``queue`` (or a hand-over) told whether more jobs are ready."""
+        """A fetch from ``queue`` (or a hand-off) told whether more jobs are ready."""
         if drained:
             self._drained.add(queue)
             self.dispatch()
