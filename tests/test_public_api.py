@@ -1,7 +1,8 @@
 import conveyor
 
 EXPECTED = [
-    "Advice", "Backlog", "Codec", "ConfigurationError", "Conveyor", "ConveyorError",
+    "Advice", "Backlog", "Batch", "BatchItem", "Codec", "ConfigurationError", "Conveyor",
+    "ConveyorError",
     "DeadLetters", "EncodingError", "Fail", "Job", "JobCancelled", "JobContext", "JobFailed",
     "JobInfo", "JobNotFound", "JobOptions", "JobState", "LeaseLost", "Limits", "Monitor",
     "Node", "NotReplicated", "PartialEnqueue", "PayloadTooLarge", "Queue", "QueueLimits",

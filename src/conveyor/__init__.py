@@ -9,6 +9,7 @@
 """
 
 from .app import Conveyor
+from .batch import Batch, BatchItem
 from .bounds import Limits
 from .context import JobContext, current_job
 from .deadletters import DeadLetters
@@ -42,6 +43,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Advice",
     "Backlog",
+    "Batch",
+    "BatchItem",
     "Codec",
     "ConfigurationError",
     "Conveyor",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
 
 from . import clients, producer
 from . import keys as keyspace
+from .batch import Batch, BatchItem
 from .encoding import DEFAULT_MAX_PAYLOAD, Codec, Format
 from .errors import ConfigurationError
 from .hooks import Hook
@@ -46,6 +47,13 @@ class TaskDecorator(Protocol):
     def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]]) -> AsyncTask[P, R]: ...
     @overload
     def __call__(self, fn: Callable[P, R]) -> Task[P, R]: ...
+
+
+class BatchTaskDecorator(Protocol):
+    """What ``@app.task(batch=...)`` returns: the function takes the list of items, and
+    the task's ``enqueue`` takes one item's arguments (whatever they are)."""
+
+    def __call__(self, fn: Callable[[list[BatchItem]], Any]) -> Task[..., Any]: ...
 
 
 class Conveyor:
@@ -168,6 +176,23 @@ class Conveyor:
         no_retry_on: ExceptionClasses | None = None,
     ) -> TaskDecorator: ...
 
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        *,
+        batch: Batch,
+        name: str | None = None,
+        queue: str = "default",
+        retries: int = 3,
+        backoff: float = 1.0,
+        timeout: float | None = None,
+        visibility_timeout: float = 30.0,
+        idle_threshold: float = 300.0,
+        retry_on: ExceptionClasses | None = None,
+        no_retry_on: ExceptionClasses | None = None,
+    ) -> BatchTaskDecorator: ...
+
     def task(
         self,
         fn: Callable[..., Any] | None = None,
@@ -181,6 +206,7 @@ class Conveyor:
         idle_threshold: float = 300.0,
         retry_on: ExceptionClasses | None = None,
         no_retry_on: ExceptionClasses | None = None,
+        batch: Batch | None = None,
     ) -> Any:
         """Register a function (sync or async) as a task.
 
@@ -202,6 +228,9 @@ class Conveyor:
         :param no_retry_on: exception classes that end the job dead at once; any other is
             retried (give this or ``retry_on``, not both). Whatever these say, a task that
             raises :class:`~conveyor.Fail` ends dead at once
+        :param batch: call the function once for many jobs, with the list of their
+            :class:`~conveyor.BatchItem` (see ``docs/batches.md``); ``enqueue`` still takes
+            one job's arguments
         """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -214,6 +243,7 @@ class Conveyor:
                 self, func, name=task_name, queue=queue, retries=retries, backoff=backoff,
                 timeout=timeout, visibility_timeout=visibility_timeout,
                 idle_threshold=idle_threshold, retry_on=retry_on, no_retry_on=no_retry_on,
+                batch=batch,
             )
             self.tasks[task_name] = task
             return task

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Self, TypeVar
 
 from . import keys as keyspace
 from . import producer
+from .batch import Batch, check_batch_function
 from .errors import ConfigurationError, Fail
-from .hints import Hints, hints_of
+from .hints import NO_HINTS, Hints, hints_of
 from .job import Job
 from .producer import new_short_id as new_short_id  # made by the producer; named here too
 from .producer import new_short_ids as new_short_ids
@@ -183,7 +184,13 @@ class Task(Generic[P, R]):
         job_options: JobOptions | None = None,
         retry_on: ExceptionClasses | None = None,
         no_retry_on: ExceptionClasses | None = None,
+        batch: Batch | None = None,
     ) -> None:
+        if batch is not None:
+            if not isinstance(batch, Batch):
+                raise ConfigurationError(
+                    f"task {name!r}: batch= takes a conveyor.Batch, got {batch!r}")
+            check_batch_function(fn, name)
         if retries < 0:
             raise ConfigurationError(f"task {name!r}: retries must be >= 0, got {retries}")
         if visibility_timeout <= 0:
@@ -210,6 +217,7 @@ class Task(Generic[P, R]):
                 f"task {name!r}: give either retry_on= or no_retry_on=, not both")
         self.retry_on = _exception_classes(name, "retry_on", retry_on)
         self.no_retry_on = _exception_classes(name, "no_retry_on", no_retry_on)
+        self.batch = batch  # None: one call per job
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
@@ -224,7 +232,11 @@ class Task(Generic[P, R]):
     @functools.cached_property
     def hints(self) -> Hints:
         """The types its jobs' arguments and result are converted to on decoding (see
-        :mod:`conveyor.hints`): read at the first job, once every name they use exists."""
+        :mod:`conveyor.hints`): read at the first job, once every name they use exists.
+        A batch task's hints describe the list of items, not a job's arguments: its jobs
+        are passed as decoded."""
+        if self.batch is not None:
+            return NO_HINTS
         return hints_of(self.fn, self.name)
 
     @property

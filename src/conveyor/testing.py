@@ -12,7 +12,8 @@ a failing task is retried at once up to its ``retries`` (no backoff sleeps; ``re
 ``no_retry_on`` and :class:`~conveyor.Fail` apply) and then goes dead (``result()``
 raises :class:`~conveyor.JobFailed`, ``on_dead`` callbacks run); and jobs a task enqueues
 run as well, depth first. Job options (``delay``, ``priority``, ``tenant``, ``key``) are
-accepted and not acted on: every job runs at once.
+accepted and not acted on: every job runs at once. A batch task is called with the items
+of one ``enqueue`` (a list of one) or of one ``enqueue_many`` (all of them) at once.
 
 :func:`drain` runs the app's real worker in this process until no job is ready, and
 returns what it ran. :func:`isolated` gives a test its own key namespace on a shared
@@ -34,6 +35,7 @@ from . import hooks
 from . import keys as keyspace
 from .errors import Fail
 from .hints import ArgumentMismatch, convert_arguments
+from .inline_batches import run_batch
 from .job import JobInfo
 from .producer import RedisSender, Sent
 from .record import ARGS, ENQUEUED_MS, MAX_ATTEMPTS, PRIORITY, STATE, TASK
@@ -86,6 +88,12 @@ class InlineRunner:
     def send(self, plan: Plan) -> list[tuple[str, bool]]:
         """Store and run the plan's jobs (what :class:`~conveyor.producer.RedisSender`
         does with a Redis)."""
+        task = self.app.tasks.get(plan.spec.task)
+        if task is not None and task.batch is not None:  # one call for the plan's jobs
+            for short_id, payload in plan.jobs:
+                self._new(plan.queue, plan.spec, short_id, payload)
+            run_batch(self, plan.queue, task, list(plan.jobs), self._call_sync)
+            return [(short_id, True) for short_id, _ in plan.jobs]
         for short_id, payload in plan.jobs:
             self._new(plan.queue, plan.spec, short_id, payload)
             self._run(plan.queue, plan.spec.task, short_id, payload, self._call_sync)
@@ -94,6 +102,9 @@ class InlineRunner:
     async def asend(self, plan: Plan) -> list[tuple[str, bool]]:
         """Async twin of :meth:`send`: async tasks are awaited on the running loop."""
         queue, spec = plan.queue, plan.spec
+        batch_task = self.app.tasks.get(spec.task)
+        if batch_task is not None and batch_task.batch is not None:
+            return self.send(plan)  # (an async batch function runs on a thread of its own)
         for short_id, payload in plan.jobs:
             self._new(queue, spec, short_id, payload)
             task = self.app.tasks.get(spec.task)

@@ -38,6 +38,17 @@ async def import_row(row: dict[str, str]) -> None:
     return None
 
 
+@app.task(batch=conveyor.Batch(max=50, wait=1.0))
+def bulk_insert(items: list[conveyor.BatchItem]) -> None:
+    for item in items:
+        item.result = item.args
+
+
+@app.task(queue="search", batch=conveyor.Batch(max=100, by="tenant"))
+async def index(items: list[conveyor.BatchItem]) -> None:
+    items[0].fail("refused")
+
+
 def sync_side() -> None:
     task: conveyor.Task[[int, int], int] = add
     same: conveyor.Task[[int, int], int] = add.options(priority=9)
@@ -55,6 +66,8 @@ def sync_side() -> None:
     assert_type(fetch_rates.enqueue("2026-11-26").result(), float)
     assert_type(import_row.enqueue({"a": "b"}), conveyor.Job[None])
     assert_type(app.job("default~abc"), conveyor.Job[Any])
+    assert_type(bulk_insert.enqueue({"row": 1}, table="events"), conveyor.Job[Any])
+    assert_type(index.enqueue_many(["doc-1", "doc-2"]), list[conveyor.Job[Any]])
     with testing.inline(app):
         assert_type(add.enqueue(1, 2).result(), int)
     assert_type(testing.drain(app), list[conveyor.JobInfo])

@@ -110,13 +110,13 @@ class Consumer:
         took = False
         n = len(self.queues)
         for i in range(n):
-            free = self.slots.free()
-            if free <= 0 or self._stopping():
-                break
             queue = self.queues[(self._rotation + i) % n]
+            free = self.slots.free(queue)
+            if self.slots.free() <= 0 or self._stopping():
+                break
             if ((not self._more[queue] and not self._is_due(queue))
-                    or self._fetch_backoff.waiting(queue)):
-                continue
+                    or self._fetch_backoff.waiting(queue) or free <= 0):
+                continue  # (free <= 0: the batch room is full; a call ending nudges)
             wakes, sent = self._wakes, time.monotonic()
             try:
                 fetched, want = await self._fetch(queue, free)
@@ -128,12 +128,10 @@ class Consumer:
             self._fetched(queue, fetched, want, wakes, sent)
             # A fetch sent again may have leased for more slots than are free now (jobs
             # were handed over meanwhile): the rest goes back at once, attempt refunded.
-            room = 0 if self._stopping() else max(0, self.slots.free())
-            for leased in fetched.jobs[:room]:
-                self.slots.start(queue, leased)
-            if fetched.jobs[room:]:
-                await self._hand_back(queue, [(j.short_id, j.token)
-                                              for j in fetched.jobs[room:]])
+            rest = fetched.jobs if self._stopping() else self.slots.take(queue, fetched.jobs)
+            self.slots.batches.fetched(queue, drained=len(fetched.jobs) < want)
+            if rest:
+                await self._hand_back(queue, [(j.short_id, j.token) for j in rest])
             took = took or bool(fetched.jobs)
         self._rotation = (self._rotation + 1) % n
         return took
@@ -204,13 +202,16 @@ class Consumer:
             log.warning("%d job(s) of %s were handed over %.1f s ago: their leases have ended;"
                         " handing them back", len(ended), queue,
                         -self._clock.seconds_until(handed.now_ms))
-        free = 0 if self._stopping() else max(0, self.slots.free())
-        for leased in jobs[:free]:
-            self.slots.start(queue, leased)
-            # As a fetch's next due time would: look again when the lease ends, in case
-            # this run stalls past it.
-            self.due_at(queue, handed.now_ms + leased.visibility_ms)
-        return ended + jobs[free:]
+        rest = jobs if self._stopping() else self.slots.take(queue, jobs)
+        returned = {id(leased) for leased in rest}
+        for leased in jobs:
+            if id(leased) not in returned:
+                # As a fetch's next due time would: look again when the lease ends, in
+                # case this run stalls past it.
+                self.due_at(queue, handed.now_ms + leased.visibility_ms)
+        # Jobs are handed over only to a worker that found none ready: gather no longer.
+        self.slots.batches.fetched(queue, drained=True)
+        return ended + rest
 
     def _is_due(self, queue: str) -> bool:
         due = self.next_due.get(queue)
@@ -220,7 +221,8 @@ class Consumer:
         """Wait for a wake-up, a free slot, or the earliest due time, whichever comes first."""
         timeout = None
         dues = [d for d in self.next_due.values() if d is not None]
-        if dues and self.slots.free() > 0:
+        room = any(self.slots.free(queue) > 0 for queue in self.queues)
+        if dues and room:
             # A full worker cannot act on a due time (it would wake at once, again and again,
             # once the time has passed); a finishing job nudges it instead.
             timeout = max(0.0, self._clock.seconds_until(min(dues)))
@@ -228,7 +230,7 @@ class Consumer:
             # Busy but the queues looked empty: look again now and then for new work.
             timeout = WAKE_BLOCK_SECONDS if timeout is None else min(timeout, WAKE_BLOCK_SECONDS)
         retry = self._fetch_backoff.next_retry()
-        if retry is not None and self.slots.free() > 0:  # a failed queue's next try
+        if retry is not None and room:  # a failed queue's next try
             timeout = retry if timeout is None else min(timeout, retry)
         if not self.nudge.is_set():
             self.idle.set()

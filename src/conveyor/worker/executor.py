@@ -47,6 +47,7 @@ class Held:
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
     next_beat: float | None = None  # loop time its lease is next due for a heartbeat
     lease_lost: bool = False
+    batch: bool = False  # a job of a batch task: gathered, then run in a call of many
     # Set (from the heartbeat) once someone cancelled the job; the task's context reads it.
     cancel_requested: bool = False
     # Starting a run (a thread) and withdrawing the job (a stop) exclude each other.
@@ -119,7 +120,7 @@ class Executor:
         return Outcome(held.leased.short_id, held.leased.token, "dead",
                        held.started_at or self.clock.now(), reason)
 
-    def _decode(self, held: Held) -> tuple[list[Any], dict[str, Any]] | Outcome:
+    def decode(self, held: Held) -> tuple[list[Any], dict[str, Any]] | Outcome:
         """The job's arguments, converted to the task's type hints, or the dead outcome
         that a job with none usable gets."""
         leased = held.leased
@@ -144,7 +145,7 @@ class Executor:
         """Run ``held`` to an outcome (None: it was withdrawn before it started)."""
         if not held.try_start(self.clock):
             return None
-        decoded = self._decode(held)
+        decoded = self.decode(held)
         if isinstance(decoded, Outcome):
             return decoded
         task = self.app.tasks[held.leased.task]
@@ -229,7 +230,7 @@ class Executor:
                 return None  # handed back before a thread was free: do not run it
             if task.timeout is not None:
                 loop.call_soon_threadsafe(arm_timer)
-            decoded = self._decode(held)
+            decoded = self.decode(held)
             if isinstance(decoded, Outcome):
                 return decoded
             args, kwargs = decoded

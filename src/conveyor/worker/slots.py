@@ -10,6 +10,9 @@ leased: its heartbeat may be due sooner).
 
 A sync run that overran its timeout, or that was cancelled and still runs, keeps its
 thread and so its slot until it returns (the executor counts those).
+
+Jobs of batch tasks are held here too, but take no slot each: they are gathered and run
+many per call by :mod:`.batches`, and a call takes one slot.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..clock import ServerClock
 from ..scripts import calls
+from .batches import Batches
 from .executor import Executor, Held
 
 if TYPE_CHECKING:
@@ -57,6 +61,7 @@ class Slots:
                  on_back: Callable[[], None] = lambda: None,
                  on_quota: Callable[[], None] = lambda: None) -> None:
         self._tasks = app.tasks
+        self._clock = clock
         self.concurrency = concurrency
         self.max_jobs = max_jobs
         self.processed = processed
@@ -69,6 +74,11 @@ class Slots:
         self._on_quota = on_quota
         self.executor = Executor(app, clock, concurrency, supervised=supervised,
                                  on_slot_back=self._slot_back, progress=progress)
+        self.batches = Batches(app, clock, self.executor, concurrency=concurrency,
+                               slot_free=lambda: self._free_slots() > 0,
+                               finished=self._finished, progress=progress)
+        self._batch_queues = self.batches.queues()
+        self._plain_queues = {t.queue for t in app.tasks.values() if t.batch is None}
 
     @property
     def stuck(self) -> int:
@@ -76,14 +86,45 @@ class Slots:
         return)."""
         return len(self.executor.stuck)
 
-    def free(self) -> int:
-        """Jobs this worker could lease now. A sync run that overran its timeout keeps its
-        thread, and so its slot, until it returns."""
-        free = (self.concurrency - len(self.held) - len(self.executor.stuck)
-                - len(self.executor.winding_down))
+    def _free_slots(self) -> int:
+        """Slots free now: each plain job held takes one, each batch call one. A sync run
+        that overran its timeout keeps its thread, and so its slot, until it returns."""
+        return (self.concurrency - (len(self.held) - self.batches.held) - self.batches.calls
+                - len(self.executor.stuck) - len(self.executor.winding_down))
+
+    def free(self, queue: str | None = None) -> int:
+        """Jobs this worker could lease now. From a queue that batch tasks send their jobs
+        to, the batch room (a full call per slot) while a slot is free, plus the free slots
+        when plain tasks send jobs there too."""
+        free = self._free_slots()
+        if queue is not None and free > 0 and queue in self._batch_queues:
+            plain = free if queue in self._plain_queues else 0
+            free = plain + self.batches.room()
         if self.max_jobs is not None:  # never lease more than it will run
             free = min(free, self.max_jobs - self.processed - len(self.held))
         return free
+
+    def take(self, queue: str, jobs: list[calls.Leased]) -> list[calls.Leased]:
+        """Start the jobs leased from ``queue`` that fit (a plain job in a free slot, a job
+        of a batch task in the batch room); returns the rest, to be handed back."""
+        rest = []
+        for leased in jobs:
+            if (queue, leased.short_id) in self.held or self._fits(leased):
+                self.start(queue, leased)
+            else:
+                rest.append(leased)
+        return rest
+
+    def _fits(self, leased: calls.Leased) -> bool:
+        if self.max_jobs is not None and self.processed + len(self.held) >= self.max_jobs:
+            return False
+        if self._is_batch(leased):
+            return self.batches.room() > 0
+        return self._free_slots() > 0
+
+    def _is_batch(self, leased: calls.Leased) -> bool:
+        task = self._tasks.get(leased.task)
+        return task is not None and task.batch is not None and not leased.problem
 
     def start(self, queue: str, leased: calls.Leased) -> None:
         """Run a job leased from ``queue`` (or, if it runs here already, go on with that run
@@ -101,6 +142,11 @@ class Slots:
         held = Held(queue, leased)
         self.held[(queue, leased.short_id)] = held
         self.leased.set()
+        if self._is_batch(leased):
+            held.batch = True
+            self.batches.held += 1
+            self.batches.add(held)
+            return
         task = self._tasks.get(leased.task)
         if task is not None and not task.is_async and not leased.problem:
             self.executor.start_sync(held, task, self._finished)
@@ -129,9 +175,16 @@ class Slots:
         self.processed += 1
         if self.max_jobs is not None and self.processed >= self.max_jobs:
             self._on_quota()
-        del self.held[key]
+        self._release(key, held)
         self._on_freed(held.queue, not self.held)
         self.freed.set()
+        if not held.batch:  # (a batch call dispatches once all its items are recorded)
+            self.batches.dispatch()
+
+    def _release(self, key: tuple[str, str], held: Held) -> None:
+        del self.held[key]
+        if held.batch:
+            self.batches.held -= 1
 
     def cancel(self, held: Held) -> None:
         """Someone cancelled a job held here (its heartbeat said so): end the run now. An
@@ -144,6 +197,12 @@ class Slots:
             return
         log.info("job %s~%s was cancelled while it ran here: stopping it", held.queue,
                  held.leased.short_id)
+        if held.batch:  # the call goes on for the other items; this one's result is dropped
+            self._finished(held, calls.Outcome(held.leased.short_id, held.leased.token,
+                                               "cancelled", held.started_at or self._clock.now(),
+                                               ""))
+            held.withdraw(running_too=True)
+            return
         self._finished(held, self.executor.cancelled(held))
         held.withdraw(running_too=True)  # what the run reports later is dropped
         if isinstance(held.task, asyncio.Task):
@@ -152,6 +211,7 @@ class Slots:
     def _slot_back(self) -> None:
         self.freed.set()
         self._on_back()
+        self.batches.dispatch()
 
     # -- a stop takes the jobs back ---------------------------------------------------------
 
@@ -159,12 +219,13 @@ class Slots:
         """Give up the jobs whose runs have not started (they go back to their queues)."""
         unstarted = [h for h in list(self.held.values()) if h.withdraw(running_too=False)]
         for held in unstarted:
-            del self.held[(held.queue, held.leased.short_id)]
+            self._release((held.queue, held.leased.short_id), held)
         return unstarted
 
     def running(self) -> list[asyncio.Future[None]]:
         """What to wait on for the runs in progress to end."""
-        return [h.task for h in self.held.values() if h.task is not None]
+        return [h.task for h in self.held.values() if h.task is not None] + \
+            self.batches.running()
 
     def interrupt(self) -> list[Held]:
         """Give up every job still held, interrupting its run (an async task is cancelled;
@@ -174,7 +235,9 @@ class Slots:
             held.withdraw(running_too=True)
             if isinstance(held.task, asyncio.Task):
                 held.task.cancel()
+        self.batches.interrupt()
         self.held.clear()
+        self.batches.held = 0
         return interrupted
 
     def shutdown(self) -> None:
