@@ -42,6 +42,8 @@ RESEND_PAUSE = 0.3  # seconds before sending it again
 WAIT_EVERY = 5  # every 5th batch adds a job that waits for a signal, then for a child
 SIGNAL_AFTER = (0.0, 3.0)  # seconds from a wait job's enqueue to its signal (uniform)
 EXPIRING_EVERY = 3  # every 3rd tick adds a job that must start within EXPIRES seconds
+BATCH_EVERY = 4  # every 4th tick adds a few jobs of the batch task (BATCH_JOBS of them)
+BATCH_JOBS = (1, 8)
 EXPIRES = (0.2, 3.0)  # (uniform): some expire under the faults, most start in time
 
 
@@ -75,6 +77,7 @@ class Producer:
         self._poison = 0
         self._waits = 0
         self._expiring = 0
+        self._batched = 0
         # signals still to send: (due, monotonic; label; the call, its request kept)
         self.signals: list[tuple[float, str, ScriptCall[int], ChaosTasks]] = []
         self.signalled = 0  # signals answered
@@ -95,6 +98,8 @@ class Producer:
             self._batch(min(per, p.jobs - self.enqueued))
             if tick % EXPIRING_EVERY == 0:
                 self._expiring_job()
+            if tick % BATCH_EVERY == 1:
+                self._batch_jobs()
             if tick % WAIT_EVERY == 0:  # half of them through the proxy, when there is one
                 routed = self.routed is not None and self.rng.random() < 0.5
                 self._wait_job(self.routed if routed and self.routed else self.tasks)
@@ -111,6 +116,14 @@ class Producer:
         label, seconds = f"expiring:{self._expiring}", round(self.rng.uniform(0.0, 0.2), 3)
         task = self.tasks.expiring.options(expires=round(self.rng.uniform(*EXPIRES), 2))
         self._send([(label, seconds)], lambda items: [task.enqueue(*items[0])], "expiring")
+
+    def _batch_jobs(self) -> None:
+        """Enqueue a few jobs of the batch task, in one call."""
+        items = []
+        for _ in range(self.rng.randint(*BATCH_JOBS)):
+            self._batched += 1
+            items.append((f"batch:{self._batched}", round(self.rng.uniform(0.0, 0.2), 3)))
+        self._send(items, self.tasks.batched.enqueue_many, "batch")
 
     def _wait_job(self, tasks: ChaosTasks) -> None:
         """Enqueue a job that waits for a signal and a child; its signal is sent later."""

@@ -19,6 +19,9 @@ The expiring task belongs to jobs enqueued with a short ``expires``: a run notes
 instead of ``start`` when it begins past the time its job had to start by (read from its
 record, on the same machine's clock as the server's).
 
+The batch task takes up to 20 jobs per call (``Batch``) on the side queue, beside the plain
+side jobs; each item notes its own ``start`` and ``ok`` under its job id.
+
 The poison tasks misbehave on purpose: one raises, one SIGKILLs its own process, one leaves
 it with ``os._exit``, one sleeps far past its timeout. Each must end dead with a reason,
 after its attempts, without holding up anything else.
@@ -36,6 +39,7 @@ from typing import Any, TypeVar
 import redis
 
 from ..app import Conveyor
+from ..batch import Batch, BatchItem
 from ..context import current_job
 from ..task import Task
 from ..waits import Suspended
@@ -57,7 +61,7 @@ HANG_TIMEOUT = 1.0
 HANG_SECONDS = 4.0  # a sync task cannot be interrupted: its thread stays busy this long
 RETRY_BACKOFF = 0.2
 POISON = ("raise", "kill", "exit", "hang")
-WORK_KINDS = ("work", "wait", "expiring")  # jobs that must succeed (or be cancelled)
+WORK_KINDS = ("work", "wait", "expiring", "batch")  # jobs that must succeed (or be cancelled)
 KINDS = (*WORK_KINDS, *POISON)
 SIGNAL = "go"  # the signal a wait job waits for; its payload is the job's label
 LATE_SLACK_MS = 5.0  # the worker's clock may be this far ahead of the server's
@@ -103,6 +107,9 @@ class ChaosTasks:
                          backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._work)
         self.expiring = task(name="chaos.expiring", queue=QUEUE, retries=WORK_RETRIES,
                              backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._expiring)
+        self.batched = task(name="chaos.batch", queue=SIDE_QUEUE, retries=WORK_RETRIES,
+                            backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT,
+                            batch=Batch(max=20, wait=0.2))(self._batch)
         self.waits = task(name="chaos.wait", queue=QUEUE, retries=WORK_RETRIES,
                           backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._wait)
 
@@ -117,7 +124,8 @@ class ChaosTasks:
 
     def by_kind(self, kind: str) -> Task[Any, Any]:
         return {"work": self.work, "wait": self.waits, "expiring": self.expiring,
-                "raise": self.raises, "kill": self.kills, "exit": self.exits,
+                "batch": self.batched, "raise": self.raises, "kill": self.kills,
+                "exit": self.exits,
                 "hang": self.hangs}[kind]
 
     def _note(self, label: str, run: str, phase: str) -> None:
@@ -160,6 +168,16 @@ class ChaosTasks:
         time.sleep(seconds)
         self._note(label, run, "ok")
         return label
+
+    def _batch(self, items: list[BatchItem]) -> None:
+        runs = []
+        for item in items:
+            run = os.urandom(4).hex()
+            self.ledger.rpush(LEDGER_KEY, f"{item.args[0]} {run} {os.getpid()} start {item.id}")
+            runs.append((item, run))
+        time.sleep(max(float(item.args[1]) for item in items))
+        for item, run in runs:
+            self.ledger.rpush(LEDGER_KEY, f"{item.args[0]} {run} {os.getpid()} ok {item.id}")
 
     def _raise(self, label: str) -> None:
         run = self._start(label)

@@ -36,7 +36,8 @@
 -- A.outcomes              number of outcomes that follow, 6 fields each:
 --         short id, token, outcome ('ok' | 'retry' | 'dead' | 'snooze' | 'cancelled' |
 --         'suspend'),
---         started_at (epoch s), payload (encoded result for 'ok', error text otherwise),
+--         started_at (epoch s; 0 for a cancelled job whose run never began: its lease
+--         used no attempt), payload (encoded result for 'ok', error text otherwise),
 --         retry_delay_ms (the delay of a retry or a snooze)
 -- Returns: { codes: one per outcome, 0 refused (stale token), 1 succeeded, 2 retrying,
 --            3 dead, 4 cancelled, 5 snoozed, 6 suspended (7 when the wait was already
@@ -81,6 +82,7 @@ for i = 0, n - 1 do
   local id, token = ARGV[base + ITEM.short_id], ARGV[base + ITEM.token]
   local outcome, payload = ARGV[base + ITEM.outcome], ARGV[base + ITEM.payload]
   local started_at = ARGV[base + ITEM.started_at]
+  local unstarted = tonumber(started_at) == 0
   local key = job_prefix .. id
   -- A record that is no hash (written over by hand) reads as an error: refused, like a
   -- stale token; its lease expires and the fetch that reclaims it dead-letters it.
@@ -95,10 +97,8 @@ for i = 0, n - 1 do
     done_tasks[task] = (done_tasks[task] or 0) + 1
     done_tenants[f[9] or ''] = (done_tenants[f[9] or ''] or 0) + 1
     outcome, payload = final_outcome(outcome, payload, f, snooze_cap, now)
-    if outcome ~= 'snooze' and outcome ~= 'suspend' then
-      local enqueued_at, run_at = (tonumber(f[7]) or 0) / 1000, tonumber(f[8]) or 0
-      local waited = (tonumber(started_at) or 0) - math.max(enqueued_at, run_at)
-      observe(tally, task, waited, now / 1000 - (tonumber(started_at) or now / 1000))
+    if outcome ~= 'snooze' and outcome ~= 'suspend' and not unstarted then
+      observe_run(tally, task, f, started_at, now)
     end
     local due = now + (tonumber(ARGV[base + ITEM.retry_delay_ms]) or 0)
     if outcome == 'ok' then
@@ -120,7 +120,7 @@ for i = 0, n - 1 do
       if suspended then suspended_event(events, events_maxlen, key, id, f, started_at, now_s) end
     elseif outcome == 'cancelled' or outcome == 'expired' then
       state, err = outcome, payload
-      settle_cancelled(key, payload, started_at, now_s, retention, outcome)
+      settle_cancelled(key, payload, started_at, now_s, retention, outcome, f[4])
       codes[#codes + 1] = outcome == 'cancelled' and 4 or 8
       if outcome == 'expired' then count(tally, task, 'expired', 1) end
     else
@@ -137,7 +137,7 @@ for i = 0, n - 1 do
     if state ~= nil then
       free_dedupe_key(dedupe_prefix, f[6], id)
       if streaming(events) then
-        local job = finished_job(f, started_at, now_s)
+        local job = finished_job(f, not unstarted and started_at or nil, now_s)
         job.state, job.error = state, err
         emit_event(events, events_maxlen, id, job)
       end

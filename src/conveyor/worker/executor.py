@@ -282,8 +282,10 @@ class Executor:
         if held.state == RUNNING and isinstance(held.task, asyncio.Future) and \
                 not isinstance(held.task, asyncio.Task) and not held.task.done():
             self.winding_down[id(held)] = self.clock.now()
+        # started_at 0: the run never began (the cancel came while it waited for a slot or
+        # a thread), so finish gives its attempt back.
         return Outcome(held.leased.short_id, held.leased.token, "cancelled",
-                       held.started_at or self.clock.now(), "")
+                       held.started_at or 0.0, "")
 
     def _snooze(self, held: Held, snooze: Snooze) -> Outcome:
         return Outcome(held.leased.short_id, held.leased.token, "snooze",

@@ -198,9 +198,9 @@ class Slots:
         log.info("job %s~%s was cancelled while it ran here: stopping it", held.queue,
                  held.leased.short_id)
         if held.batch:  # the call goes on for the other items; this one's result is dropped
+            # (started_at 0: its run never began, so its lease used no attempt)
             self._finished(held, calls.Outcome(held.leased.short_id, held.leased.token,
-                                               "cancelled", held.started_at or self._clock.now(),
-                                               ""))
+                                               "cancelled", held.started_at or 0.0, ""))
             held.withdraw(running_too=True)
             return
         self._finished(held, self.executor.cancelled(held))

@@ -17,6 +17,14 @@ local function finished_job(f, started_at, now_s)
     finished_at = now_s }
 end
 
+-- A run's wait (from when the job could run to its start) and run time, for the metrics.
+-- f holds the record's fields as finish reads them (enqueued_at f[7], run_at f[8]).
+local function observe_run(tally, task, f, started_at, now)
+  local enqueued_at, run_at = (tonumber(f[7]) or 0) / 1000, tonumber(f[8]) or 0
+  local waited = (tonumber(started_at) or 0) - math.max(enqueued_at, run_at)
+  observe(tally, task, waited, now / 1000 - (tonumber(started_at) or now / 1000))
+end
+
 -- What a run's report becomes: a job being cancelled ends cancelled whatever its run says
 -- (f[11] is the cancel reason); a retry with no attempt left, or a snooze past the cap, is
 -- dead. f holds the record's fields as finish reads them (attempts f[4], max f[5], snoozes
@@ -100,9 +108,17 @@ local function track_expiry(expiring, id, start_by, state)
   else redis.call('ZREM', expiring, id) end
 end
 
-local function settle_cancelled(key, reason, started_at, now_s, retention, state)
+-- Cancelled (or expired past its deadline). A run that never began (started_at 0: the
+-- cancel came while the job waited for a slot on its worker) gives its attempt back.
+local function settle_cancelled(key, reason, started_at, now_s, retention, state, attempts)
   redis.call('HSET', key, 's', state or 'cancelled', 'token', '', 'error', reason,
-    'started_at', started_at, 'finished_at', now_s)
+    'finished_at', now_s)
+  if tonumber(started_at) == 0 then
+    redis.call('HDEL', key, 'started_at')
+    redis.call('HSET', key, 'attempts', math.max(0, (tonumber(attempts) or 1) - 1))
+  else
+    redis.call('HSET', key, 'started_at', started_at)
+  end
   redis.call('EXPIRE', key, retention)
 end
 
