@@ -108,6 +108,15 @@ def test_a_queue_the_backend_does_not_serve_is_invalid(backend: ConveyorBackend)
         tasks.add.using(queue_name="nowhere").enqueue(1, 2)
 
 
+def outsider() -> None:
+    """A module-level function of a module under no installed app."""
+
+
+def test_a_task_the_backend_cannot_import_is_invalid(backend: ConveyorBackend) -> None:
+    with pytest.raises(INVALID_TASK, match="outsider"):
+        tasks_api.task(outsider).enqueue()
+
+
 def test_a_naive_run_after_is_invalid(backend: ConveyorBackend) -> None:
     with pytest.raises(INVALID_TASK, match="aware"):
         tasks.add.using(run_after=datetime.now()).enqueue(1, 2)
