@@ -223,3 +223,21 @@ def test_worker_ids_name_the_worker_of_the_latest_attempt(
         done = tasks.fail.get_result(failed.id)
         assert done.attempts == 2
         assert done.worker_ids == ["", worker_id_2]  # earlier attempts' are not recorded
+
+
+def test_a_listener_that_raises_in_the_worker_changes_no_outcome(
+        backend: ConveyorBackend, caplog: pytest.LogCaptureFixture) -> None:
+    def broken_listener(sender: type, task_result: object, **kwargs: object) -> None:
+        raise RuntimeError("a listener's own bug")
+
+    result = tasks.add.enqueue(1, 2)
+    api.signals.task_started.connect(broken_listener)
+    api.signals.task_finished.connect(broken_listener)
+    try:
+        run_worker(backend)
+    finally:
+        api.signals.task_started.disconnect(broken_listener)
+        api.signals.task_finished.disconnect(broken_listener)
+    assert tasks.add.get_result(result.id).return_value == 3
+    failures = [r for r in caplog.records if r.name == "django.dispatch"]  # logged there
+    assert len(failures) == 2 and all(r.exc_info for r in failures)

@@ -44,7 +44,6 @@ never if it rolls back); the result returned at once already has the job's id, a
 from __future__ import annotations
 
 import contextvars
-import logging
 import traceback
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -78,7 +77,6 @@ from .priority import to_conveyor_priority
 
 __all__ = ["ConveyorBackend", "tasks_api", "to_conveyor_priority"]
 
-logger = logging.getLogger(__name__)
 _attempt: contextvars.ContextVar[Attempt | None] = contextvars.ContextVar(
     "conveyor_django_attempt", default=None)
 _meta: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
@@ -108,11 +106,9 @@ class _Attempts(Hook):
 
 
 def _send(signal: Any, sender: type, result: Any) -> None:
-    """Send a worker-side signal: a listener's error is logged, and never turns the
-    attempt's outcome into another."""
-    for receiver, outcome in signal.send_robust(sender=sender, task_result=result):
-        if isinstance(outcome, Exception):
-            logger.error("listener %r of a task signal failed", receiver, exc_info=outcome)
+    """Send a worker-side signal: a listener's error never turns the attempt's outcome
+    into another (``send_robust`` logs it on ``django.dispatch``)."""
+    signal.send_robust(sender=sender, task_result=result)
 
 
 def _failed(result: Any, exc: BaseException) -> None:
