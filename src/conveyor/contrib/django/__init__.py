@@ -38,7 +38,7 @@ of the retry delay, default 1.0), ``timeout``,
 ``visibility_timeout``, and ``enqueue_on_commit`` (default ``False``): when true, an
 enqueue inside ``transaction.atomic()`` is stored only once the transaction commits (and
 never if it rolls back); the result returned at once already has the job's id, and its
-``enqueued_at`` is None until the commit stores it (``refresh()`` then reads it).
+``enqueued_at`` is None until the commit stores the job and fills it in.
 """
 
 from __future__ import annotations
