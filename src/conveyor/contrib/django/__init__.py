@@ -16,12 +16,17 @@ Django 6 ships ``django.tasks`` (Python 3.12 and later); on older Djangos the
 
 How Django's task settings map onto conveyor:
 
-- ``priority`` (-100 to 100, default 0) onto conveyor's 0-9 (default 5): 0 is 5, positive
-  priorities 6-9, negative ones 0-4, order kept;
+- ``priority`` (-100 to 100, default 0) folded onto conveyor's 0-9 (default 5), order
+  kept (:mod:`.priority` has the table); the job carries the Django priority too, so a
+  result reads it back as it was given;
 - ``run_after`` onto ``at=``; ``queue_name`` onto the conveyor queue;
 - a result's id is the conveyor job id, so ``get_result`` (and ``conveyor job ID``) work
   from any process; states map as scheduled/ready/retrying -> READY, active -> RUNNING,
-  succeeded -> SUCCESSFUL, dead/cancelled -> FAILED;
+  succeeded -> SUCCESSFUL, dead/cancelled -> FAILED; every field of a result is read from
+  the job's record (:mod:`.results`);
+- the signals ``task_enqueued`` (in the process that stores the job, at commit for
+  ``enqueue_on_commit``), ``task_started`` and ``task_finished`` (in the worker, around
+  each attempt) are sent as Django's own backends send them;
 - each Django task is a conveyor task named by its module path, so the dashboard, stats
   and dead letters show it by name;
 - an enqueue goes through :mod:`conveyor.producer` like a conveyor task's, enqueue hooks
@@ -32,95 +37,56 @@ failed first one before FAILED; default 0, as Django expects), ``backoff`` (base
 of the retry delay, default 1.0), ``timeout``,
 ``visibility_timeout``, and ``enqueue_on_commit`` (default ``False``): when true, an
 enqueue inside ``transaction.atomic()`` is stored only once the transaction commits (and
-never if it rolls back); the result returned at once already has the job's id.
+never if it rolls back); the result returned at once already has the job's id, and its
+``enqueued_at`` is None until the commit stores the job and fills it in.
 """
 
 from __future__ import annotations
 
 import contextvars
-import dataclasses
-import importlib
-import math
+import traceback
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
-from datetime import UTC, datetime
-from functools import partial
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import datetime
 from typing import Any
 
 from django.db import close_old_connections, transaction
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from ... import producer
 from ...app import Conveyor
 from ...errors import JobNotFound
 from ...hooks import Attempt, Hook
-from ...job import JobInfo, JobState
-from ...record import ARGS
+from ...job import JobInfo
+from ...record import ENQUEUED_MS
 from ...task import Task
+from . import results
+from .api import (
+    BaseTaskBackend,
+    DjangoTask,
+    InvalidTask,
+    TaskContext,
+    TaskError,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    signals,
+    tasks_api,
+)
+from .priority import to_conveyor_priority
 
+__all__ = ["ConveyorBackend", "tasks_api", "to_conveyor_priority"]
 
-def _api() -> tuple[Any, Any, Any]:
-    """(tasks module, backends.base module, exceptions module) of ``django.tasks``, else
-    of the ``django_tasks`` backport."""
-    for name in ("django.tasks", "django_tasks"):
-        try:
-            return (importlib.import_module(name),
-                    importlib.import_module(f"{name}.backends.base"),
-                    importlib.import_module(f"{name}.exceptions"))
-        except ImportError:
-            continue
-    raise ImportError("conveyor.contrib.django needs Django 6 (django.tasks) or the"
-                      " django-tasks package: pip install 'conveyor[django]'")
-
-
-tasks_api, backends_base, exceptions = _api()
-BaseTaskBackend: Any = backends_base.BaseTaskBackend
-_base = importlib.import_module(f"{tasks_api.__name__}.base")
-DjangoTask: Any = _base.Task
-TaskResult: Any = _base.TaskResult
-TaskResultStatus: Any = _base.TaskResultStatus
-TaskError: Any = _base.TaskError
-TaskContext: Any = _base.TaskContext
-
-__all__ = ["ConveyorBackend", "to_conveyor_priority"]
-
-_STATUS = {
-    JobState.SCHEDULED: "READY", JobState.READY: "READY", JobState.RETRYING: "READY",
-    JobState.ACTIVE: "RUNNING", JobState.SUCCEEDED: "SUCCESSFUL", JobState.DEAD: "FAILED",
-    JobState.CANCELLED: "FAILED",
-}
 _attempt: contextvars.ContextVar[Attempt | None] = contextvars.ContextVar(
     "conveyor_django_attempt", default=None)
-
-
-def to_conveyor_priority(priority: int) -> int:
-    """Django's -100..100 (default 0) onto conveyor's 0..9 (default 5), order kept."""
-    if priority == 0:
-        return 5
-    if priority > 0:
-        return min(9, 5 + math.ceil(min(priority, 100) * 4 / 100))
-    return max(0, 5 - math.ceil(min(-priority, 100) * 5 / 100))
-
-
-def _when(epoch: float | None) -> datetime | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch, UTC)
-
-
-def _error(text: str | None) -> Any:
-    """A Django ``TaskError`` from the error conveyor stored: its first line is
-    ``Type: message``, its last the traceback's ``module.Type: message``."""
-    text = text or ""
-    lines = [line for line in text.splitlines() if line.strip()]
-    last = lines[-1] if lines else ""
-    name = last.split(":", 1)[0].strip() if ":" in last else ""
-    if not name or " " in name:
-        name = (lines[0].split(":", 1)[0].strip() if lines else "") or "Exception"
-    path = name if "." in name else f"builtins.{name}"
-    return TaskError(exception_class_path=path, traceback=text)
+_meta: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "conveyor_django_meta", default=None)
+_NOTHING: AbstractContextManager[None] = nullcontext()
 
 
 class _Attempts(Hook):
-    """Makes the running job's attempt visible to the task (for ``takes_context``)."""
+    """Makes the running job's attempt visible to the task's call; carries the Django
+    task's own settings into the job's meta on enqueue."""
 
     @contextmanager
     def _run(self, attempt: Attempt) -> Iterator[None]:
@@ -132,6 +98,24 @@ class _Attempts(Hook):
 
     def run(self, task: Task[Any, Any], attempt: Attempt) -> AbstractContextManager[None]:
         return self._run(attempt)
+
+    def enqueue(self, task: Task[Any, Any], count: int, meta: dict[str, str]
+                ) -> AbstractContextManager[None]:
+        meta.update(_meta.get() or {})
+        return _NOTHING
+
+
+def _send(signal: Any, sender: type, result: Any) -> None:
+    """Send a worker-side signal: a listener's error never turns the attempt's outcome
+    into another (``send_robust`` logs it on ``django.dispatch``)."""
+    signal.send_robust(sender=sender, task_result=result)
+
+
+def _failed(result: Any, exc: BaseException) -> None:
+    error = TaskError(exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                      traceback="".join(traceback.format_exception(exc)))
+    object.__setattr__(result, "status", TaskResultStatus.FAILED)
+    object.__setattr__(result, "errors", [*result.errors, error])
 
 
 class ConveyorBackend(BaseTaskBackend):  # type: ignore[misc]
@@ -179,11 +163,12 @@ class ConveyorBackend(BaseTaskBackend):  # type: ignore[misc]
     def _resolve(self, module_path: str) -> Any:
         """The Django task object at ``module_path``, or None. Only module paths under an
         installed app or the settings' package are imported: a job's task name comes from
-        Redis, and must not be able to import arbitrary modules."""
-        from django.apps import apps
+        Redis, and must not be able to import arbitrary modules. The apps are those of
+        ``INSTALLED_APPS``, not of the app registry, which a test case's
+        ``available_apps`` narrows while the project's tasks stay the project's."""
         from django.conf import settings
 
-        roots = {config.name.split(".")[0] for config in apps.get_app_configs()}
+        roots = {str(entry).split(".")[0] for entry in settings.INSTALLED_APPS}
         roots.add(str(getattr(settings, "SETTINGS_MODULE", "") or "").split(".")[0])
         if module_path.split(".")[0] not in roots - {""}:
             return None
@@ -194,52 +179,77 @@ class ConveyorBackend(BaseTaskBackend):  # type: ignore[misc]
         return found if isinstance(found, DjangoTask) and found.backend == self.alias else None
 
     def _call(self, module_path: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        django_task = self._resolve(module_path)
-        if django_task is None:  # resolved when the job was fetched: cannot happen
-            raise LookupError(f"no Django task at {module_path!r}")
+        attempt = _attempt.get()
+        if attempt is None:  # only the worker calls this, inside the attempt's hook
+            raise LookupError(f"{module_path} called outside a conveyor attempt")
         close_old_connections()  # as Django does around a request
         try:
-            if django_task.takes_context:
-                attempt = _attempt.get()
-                job_id = attempt.job_id if attempt else ""
-                result = self._result(django_task, job_id, args, kwargs, "RUNNING",
-                                      attempts=attempt.attempt if attempt else 1)
-                return django_task.call(TaskContext(task_result=result), *args, **kwargs)
-            return django_task.call(*args, **kwargs)
+            result = self.get_result(attempt.job_id)
+            _send(signals.task_started, type(self), result)
+            try:
+                if result.task.takes_context:
+                    value = result.task.call(TaskContext(task_result=result), *args, **kwargs)
+                else:
+                    value = result.task.call(*args, **kwargs)
+            except BaseException as exc:
+                _failed(result, exc)
+                raise
+            else:
+                object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+                object.__setattr__(result, "_return_value", value)
+            finally:
+                # The worker records the outcome once the call returns: the finish time
+                # is this process's clock, the record's comes a moment later.
+                object.__setattr__(result, "finished_at", timezone.now())
+                _send(signals.task_finished, type(self), result)
+            return value
         finally:
             close_old_connections()
 
     # -- the Django side -------------------------------------------------------------------
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        """Check everything, then store: a call that raises has stored nothing."""
         self.validate_task(task)
         conveyor_task = self.conveyor_task(task.module_path)
         if conveyor_task is None:
-            raise exceptions.InvalidTaskError(
-                f"{task.module_path} is not importable from an installed app")
+            raise InvalidTask(f"{task.module_path} is not a task of this backend importable"
+                              " from an app of INSTALLED_APPS or the settings' package")
         queued = conveyor_task.options(priority=to_conveyor_priority(task.priority),
                                        at=self._run_after(task.run_after))
         if queued.queue != task.queue_name:
             queued.queue = task.queue_name
-        args, kwargs = list(args), dict(kwargs)
-        arguments = [(tuple(args), kwargs)]
+        # The result is built first: building it rejects arguments Django does not accept,
+        # and its JSON-normalised arguments are what the job stores.
+        result = results.make_result(task, "", args, kwargs, self.alias)
+        # Planned (encoded) now, so an argument that cannot be fails before anything is
+        # stored; the store encodes again with the meta its hooks give, under the same id.
+        planned = producer.plan(queued, [(tuple(result.args), result.kwargs)])
+        [job_id] = planned.job_ids
+        object.__setattr__(result, "id", job_id)
         if self.on_commit and not transaction.get_autocommit():
-            # Planned (encoded) now, so an argument that cannot be fails here; stored, and
-            # its enqueue hooks run, once the transaction commits.
-            planned = producer.plan(queued, arguments)
-            transaction.on_commit(partial(producer.store, planned))
-            [job_id] = planned.job_ids
+            transaction.on_commit(lambda: self._store(planned, task, result))
         else:
-            [job] = producer.enqueue(queued, arguments)
-            job_id = job.id
-        return self._result(task, job_id, args, kwargs, "READY", enqueued_at=datetime.now(UTC))
+            self._store(planned, task, result)
+        return result
+
+    def _store(self, planned: producer.Plan, task: Any, result: Any) -> None:
+        token = _meta.set(results.django_meta(task))
+        try:
+            producer.store(planned)
+        finally:
+            _meta.reset(token)
+        short_id = planned.jobs[0][0]
+        enqueued_ms = self.app.redis.hget(self.app.keys(planned.queue).job(short_id),
+                                          ENQUEUED_MS)
+        if enqueued_ms is not None:  # the server's clock, as get_result reads it
+            object.__setattr__(result, "enqueued_at", results.utc_of(int(enqueued_ms) / 1000))
+        signals.task_enqueued.send(sender=type(self), task_result=result)
 
     @staticmethod
     def _run_after(run_after: datetime | None) -> datetime | None:
         if run_after is None or run_after.tzinfo is not None:
             return run_after
-        from django.utils import timezone
-
         aware: datetime = timezone.make_aware(run_after)
         return aware
 
@@ -249,39 +259,18 @@ class ConveyorBackend(BaseTaskBackend):  # type: ignore[misc]
             record = self.app.redis.hgetall(self.app.keys(job.queue).job(job.short_id))
             info = JobInfo.from_record(self.app, job.queue, job.short_id, record)
         except (ValueError, JobNotFound):
-            raise exceptions.TaskResultDoesNotExist(result_id) from None
+            raise TaskResultDoesNotExist(result_id) from None
         django_task = self._resolve(info.task) if record else None
         if django_task is None:
-            raise exceptions.TaskResultDoesNotExist(result_id)
+            raise TaskResultDoesNotExist(result_id)
+        data = results.payload(record)
         try:
-            args, kwargs = self.app.codec.decode_args(record.get(ARGS.encode(), b""))
+            arguments = self.app.codec.decode_args(data)
+            meta = self.app.codec.decode_meta(data)
         except Exception:
-            args, kwargs = [], {}
-        return self._from_info(django_task, info, args, kwargs)
-
-    def _from_info(self, task: Any, info: JobInfo, args: list[Any], kwargs: dict[str, Any]
-                   ) -> Any:
-        status = _STATUS[info.state]
-        errors = [_error(info.error or info.state.value)] if status == "FAILED" else []
-        result = self._result(task, info.id, args, kwargs, status, attempts=info.attempts,
-                              enqueued_at=_when(info.enqueued_at),
-                              started_at=_when(info.started_at),
-                              finished_at=_when(info.finished_at), errors=errors)
-        if status == "SUCCESSFUL":
-            object.__setattr__(result, "_return_value", info.result)
-        return result
-
-    def _result(self, task: Any, job_id: str, args: list[Any], kwargs: dict[str, Any],
-                status: str, attempts: int = 0, **times: Any) -> Any:
-        values: dict[str, Any] = {
-            "task": task, "id": job_id, "status": TaskResultStatus[status],
-            "enqueued_at": None, "started_at": None, "finished_at": None,
-            "last_attempted_at": times.get("started_at"), "args": args, "kwargs": kwargs,
-            "backend": self.alias, "errors": [], "worker_ids": ["conveyor"] * attempts,
-        }
-        values.update(times)
-        accepted = {f.name for f in dataclasses.fields(TaskResult) if f.init}
-        return TaskResult(**{k: v for k, v in values.items() if k in accepted})
+            arguments, meta = ([], {}), {}
+        task = results.task_of_meta(django_task, info.queue, meta)
+        return results.result_of_record(task, info, record, arguments, self.alias)
 
 
 class _DjangoTasks(dict[str, Task[Any, Any]]):
