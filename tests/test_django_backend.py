@@ -41,7 +41,8 @@ def _keys(backend: ConveyorBackend) -> list[bytes]:
 # -- 1. a call that raises stores nothing ------------------------------------------------
 
 
-@pytest.mark.parametrize("bad", [datetime.now(), b"\xff", object()], ids=repr)
+@pytest.mark.parametrize("bad", [datetime.now(), b"\xff", object()],
+                         ids=["datetime", "bytes", "object"])
 def test_an_enqueue_rejected_for_its_arguments_stores_nothing(
         backend: ConveyorBackend, bad: object) -> None:
     with pytest.raises((TypeError, ValueError)):
