@@ -90,3 +90,20 @@ def test_keyed_options_are_checked(app: conveyor.Conveyor) -> None:
                 {"key": "k", "debounce": -1}, {"key": "k", "throttle": True}):
         with pytest.raises(conveyor.ConfigurationError):
             f.options(**bad)
+
+
+def test_enqueue_many_with_a_key_enqueues_each_item_in_turn(app: conveyor.Conveyor) -> None:
+    """A key names one job: enqueue_many with one stores it once and returns it for every
+    item, as that many enqueues would; a debounce keeps the last item's arguments."""
+    @app.task(name="keyed", queue="k")
+    def keyed(n: int) -> int:
+        return n
+
+    jobs = keyed.options(key="one").enqueue_many([(1,), (2,), (3,)])
+    assert len({job.id for job in jobs}) == 1 and len(jobs) == 3
+    assert app.codec.decode_args(app.redis.hget(app.keys("k").job(jobs[0].short_id), "a")
+                                 ) == ([1], {})
+    debounced = keyed.options(key="two", debounce=60).enqueue_many([(1,), (2,), (3,)])
+    assert len({job.id for job in debounced}) == 1
+    record = app.redis.hget(app.keys("k").job(debounced[0].short_id), "a")
+    assert app.codec.decode_args(record) == ([3], {})

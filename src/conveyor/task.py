@@ -287,8 +287,15 @@ class Task(Generic[P, R]):
 
     def enqueue_many(self, items: Iterable[Any]) -> list[Job[R]]:
         """Store many jobs in one round trip; each item is a tuple of positional arguments,
-        a dict of keyword arguments, or a single argument. The options apply to every job."""
+        a dict of keyword arguments, or a single argument. The options apply to every job.
+
+        With a dedupe ``key`` (and ``debounce`` or ``throttle``), which names one job, each
+        item is enqueued in turn, as ``enqueue`` would be: the first stores the job and the
+        others return it (a debounce takes each item's arguments, the last one's win) —
+        one call per item, in order."""
         arguments = [_arguments(item) for item in items]
+        if self.job_options.key is not None:
+            return [producer.enqueue(self, [one])[0] for one in arguments]
         return producer.enqueue(self, arguments) if arguments else []
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job[R]:
@@ -298,6 +305,8 @@ class Task(Generic[P, R]):
     async def aenqueue_many(self, items: Iterable[Any]) -> list[Job[R]]:
         """Async twin of :meth:`enqueue_many`."""
         arguments = [_arguments(item) for item in items]
+        if self.job_options.key is not None:  # one job per key: see enqueue_many
+            return [(await producer.aenqueue(self, [one]))[0] for one in arguments]
         return await producer.aenqueue(self, arguments) if arguments else []
 
 
