@@ -105,3 +105,17 @@ def test_advice_reads_the_worker_registry(app: conveyor.Conveyor) -> None:
     # 50 ready x 0.5 s within 5 s = 5 slots, plus the arrivals' share: one worker of 8.
     assert advice.workers_needed == 1
     assert advice.backlog.ready == 50
+
+
+def test_a_limit_holding_jobs_is_named_before_any_job_finished(
+        app: conveyor.Conveyor) -> None:
+    @app.task(name="capped", queue="capped")
+    def capped() -> None:
+        return None
+
+    capped.enqueue_many([() for _ in range(5)])
+    app.pause("capped")
+    advice = app.monitor.advice(queue="capped")
+    assert advice.run_time is None  # nothing finished: run time unknown
+    assert any("held by the queue is paused" in reason
+               for reason in advice.reasons), advice.reasons

@@ -133,6 +133,7 @@ class _Decision:
         if s is None:
             self.reasons.append(f"No job of queue {g.queue} has finished yet, so run time is "
                                 "unknown; keep at least one worker until one does.")
+            self._describe_held()  # a limit that holds jobs back binds with or without one
             return self._make(max(1, self.n_workers), None, None)
         capacity = self.slots / max(s, 1e-6)
         ceiling = limit_ceiling(g.flow, s)
