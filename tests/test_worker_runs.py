@@ -322,3 +322,24 @@ def test_a_batch_of_sync_jobs_runs_at_once_after_an_earlier_job_left_one_idle_th
         jobs = nap.enqueue_many([(1.0,)] * 6)
         ends = [job.result(timeout=30) for job in jobs]
     assert max(ends) - began < 2.5, [round(e - began, 2) for e in ends]
+
+
+def test_a_job_that_succeeds_after_failing_shows_no_error(app: conveyor.Conveyor) -> None:
+    """The error of an earlier attempt goes when a later one succeeds (a retry, or a dead
+    job requeued): a succeeded job does not show an error it no longer has."""
+    fails = {"left": 1}
+
+    @app.task(name="second_time", queue="q", retries=0)
+    def second_time() -> str:
+        if fails["left"]:
+            fails["left"] -= 1
+            raise RuntimeError("first attempt fails")
+        return "ok"
+
+    with running_worker(app, queues=["q"]):
+        job = second_time.enqueue()
+        wait_until(lambda: job.info().state == "dead", 10, message="dead")
+        assert "first attempt fails" in (job.info().error or "")
+        assert app.dead_letters("q").requeue(job.id) == 1
+        assert job.result(timeout=10) == "ok"
+    assert job.info().error is None

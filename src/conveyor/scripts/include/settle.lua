@@ -47,6 +47,7 @@ end
 local function settle_succeeded(key, payload, started_at, now_s, retention)
   redis.call('HSET', key, 's', 'succeeded', 'token', '', 'result', payload,
     'started_at', started_at, 'finished_at', now_s)
+  redis.call('HDEL', key, 'error')  -- an earlier attempt's (a retry, a requeued dead job)
   redis.call('EXPIRE', key, retention)
 end
 
