@@ -27,7 +27,8 @@ one open wait; the first open wait it reaches after a resume is the one it was s
 at (the task runs from the top, in the same order); a run told to suspend ends with
 ``finish(suspend)``.
 
-``CONVEYOR_MODEL_EXAMPLES`` raises the number of examples (default 50).
+``CONVEYOR_MODEL_EXAMPLES`` raises the number of examples (default 50, about 10 s), and
+``CONVEYOR_MODEL_STEPS`` the steps of each (default 50).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pytest
 from hypothesis import HealthCheck, Phase, event, settings
@@ -49,6 +51,7 @@ from helpers import RedisServer
 from lost_reply import LoseReplies
 
 EXAMPLES = int(os.environ.get("CONVEYOR_MODEL_EXAMPLES", "50"))
+STEPS = int(os.environ.get("CONVEYOR_MODEL_STEPS", "50"))  # steps per example
 VT = 10**9  # lease length (ms): no lease runs out within an example (time moves < 2 min)
 QUEUE = "q"
 SLEEPS = ("nap", "cool")
@@ -59,6 +62,7 @@ NAMES = (*SLEEPS, *SIGNAL_WAITS, *CHILD_WAITS)
 KIND = {**dict.fromkeys(SLEEPS, "time"), **dict.fromkeys(SIGNAL_WAITS, "signal"),
         **dict.fromkeys(CHILD_WAITS, "child")}
 ENDED = ("succeeded", "dead", "cancelled")
+T = TypeVar("T")
 
 
 @dataclass
@@ -122,7 +126,7 @@ class WaitsMachine(RuleBasedStateMachine):
         self.app.redis.flushdb()
         self.app.close()
 
-    def run(self, call: calls.ScriptCall[object]) -> object:
+    def run(self, call: calls.ScriptCall[T]) -> T:
         if self.lose_next_reply:
             # The reply is lost on the wire after the server ran the call; the client sends
             # it again and gets the first reply; the model is that of one application.
@@ -209,7 +213,8 @@ class WaitsMachine(RuleBasedStateMachine):
                     break
             else:
                 self._finish_run(short_id, data.draw(st.sampled_from(["ok", "ok", "dead"])))
-        if self.outbox and data.draw(st.booleans()):
+        drain: bool = data.draw(st.booleans())
+        if self.outbox and drain:
             self.hand_over()  # a worker drains the outbox after the ends it acknowledged
 
     @rule(count=st.integers(1, 3))
@@ -338,7 +343,7 @@ class WaitsMachine(RuleBasedStateMachine):
         else:
             token = job.tokens[-1]
         name = {"time": SLEEPS, "signal": SIGNAL_WAITS, "child": CHILD_WAITS}[kind][0]
-        code, _ = self.run(calls.wait(  # type: ignore[misc]
+        code, _ = self.run(calls.wait(
             self.k, short_id, token, kind, name, None if kind == "child" else 500.0,
             child=f"{QUEUE}~stale" if kind == "child" else "", now=self.now))
         assert code == calls.WAIT_REFUSED, (short_id, job)
@@ -586,7 +591,7 @@ class WaitsMachine(RuleBasedStateMachine):
 
 
 WaitsMachine.TestCase.settings = settings(
-    max_examples=EXAMPLES, stateful_step_count=50, deadline=None,
+    max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
     phases=[p for p in Phase if p != Phase.explain],  # tracing is slow on Python 3.11
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_durable_waits_match_their_model = WaitsMachine.TestCase
