@@ -21,7 +21,14 @@ done_log = logging.getLogger("conveyor.jobs.done")
 
 ENDS = {calls.FINISH_SUCCEEDED: "succeeded", calls.FINISH_RETRYING: "retrying",
         calls.FINISH_DEAD: "dead", calls.FINISH_CANCELLED: "cancelled",
-        calls.FINISH_SNOOZED: "snoozed"}
+        calls.FINISH_SNOOZED: "snoozed", calls.FINISH_EXPIRED: "expired",
+        calls.FINISH_SUSPENDED[0]: "suspended"}
+
+
+def printable(text: str) -> str:
+    """``text`` as a log line can carry it: a task name read from a mangled record keeps
+    its undecodable bytes as surrogates, which no log handler could write."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def first_line(error: bytes | str) -> str:
@@ -34,10 +41,10 @@ def log_outcome(queue: str, outcome: calls.Outcome, code: int, held: Held | None
     end = ENDS.get(code)
     if end is None:
         return  # refused: the job is another worker's now, which will say how it ends
-    task = held.leased.task if held is not None else "?"
+    task = printable(held.leased.task) if held is not None else "?"
     attempt = held.leased.attempts if held is not None else 0
     most = held.leased.max_attempts if held is not None else 0
-    job_id = keyspace.job_id(queue, outcome.short_id)
+    job_id = printable(keyspace.job_id(queue, outcome.short_id))
     fields = {"job_id": job_id, "task": task, "queue": queue, "outcome": end,
               "attempt": attempt, "max_attempts": most}
     if end == "dead":
