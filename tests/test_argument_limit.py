@@ -123,3 +123,36 @@ def test_each_script_with_items_has_a_positive_limit() -> None:
     assert {name: max_items(name) > 0 for name in signatures.ITEMS} == \
         dict.fromkeys(signatures.ITEMS, True)
     assert conveyor.producer.ENQUEUE_CHUNK == max_items("enqueue") == 1971
+
+
+def test_a_queue_whose_later_call_fails_is_named_and_its_stored_part_cancelled(
+        app: conveyor.Conveyor) -> None:
+    import dataclasses
+
+    from conveyor.scripts.signatures import WorkflowEnqueueArgv, WorkflowEnqueueItem
+    from conveyor.workflow.store import Plan, partly_stored, plan
+
+    @app.task
+    def node(i: int) -> int:
+        return i
+
+    wf = app.workflow()
+    root = wf.add(node, 0, name="root")
+    for i in range(1, 300):
+        wf.add(node, i, name=f"n{i}", after=[root])
+    planned = plan(app, wf)
+    assert [len(shorts) for _, _, shorts in planned.calls] == [248, 52]
+    # A priority out of range: the second call is refused before its first write.
+    queue, call, shorts = planned.calls[1]
+    args = list(call.args)
+    args[len(WorkflowEnqueueArgv._fields) + WorkflowEnqueueItem._fields.index("priority")] = 12
+    spoiled = Plan(planned.id, [planned.calls[0],
+                                (queue, dataclasses.replace(call, args=tuple(args)), shorts)])
+    sent = app._sender.send_together([(q, c) for q, c, _ in spoiled.calls])
+    assert sent.stored == [0] and sent.unsure == []
+    assert sent.error is not None
+    error = partly_stored(app, spoiled, sent.stored, sent.error, sent.unsure)
+    assert isinstance(error, conveyor.PartialEnqueue)
+    assert "queue(s) default (1 of 2 calls) were stored" in str(error)
+    assert len(error.jobs) == 248 and error.jobs[0].id == root.id
+    assert {job.info().state for job in error.jobs} == {conveyor.JobState.CANCELLED}
