@@ -222,6 +222,17 @@ def needed_commands() -> list[tuple[str, ...]]:
             *((c,) for c in inner)]
 
 
+def _dryrun_args(command: tuple[str, ...], info: dict[str, Any], key: str) -> list[str]:
+    """``command`` with as many arguments as its arity asks (``key`` for each: DRYRUN
+    checks permissions, it runs nothing), a script call with one key."""
+    if command[0] == "EVALSHA":
+        return ["EVALSHA", "0" * 40, "1", key]
+    if command[0] == "EVAL":
+        return ["EVAL", "return 1", "1", key]
+    arity = int(info.get("arity", -2))  # negative: at least that many words
+    return [*command, *[key] * max(0, abs(arity) - len(command))]
+
+
 async def acl(probe: Probe) -> Check:
     try:
         user = _text(await probe("ACL", "WHOAMI"))
@@ -230,13 +241,7 @@ async def acl(probe: Probe) -> Check:
         return Check("acl", SKIP, f"ACL not readable: {_short(exc, 40)}")
     refused = []
     for command in needed_commands():
-        info = arities.get(command[0].lower()) or {}
-        arity = int(info.get("arity", -2))
-        need = (arity if arity > 0 else -arity) - len(command)
-        args = [*command, *([f"{probe.tag}:acl"] * max(0, need))]
-        if command[0] in ("EVALSHA", "EVAL"):
-            args = [command[0], "0" * 40 if command[0] == "EVALSHA" else "return 1", "1",
-                    f"{probe.tag}:acl"]
+        args = _dryrun_args(command, arities.get(command[0].lower()) or {}, f"{probe.tag}:acl")
         try:
             verdict = _text(await probe("ACL", "DRYRUN", user, *args))
         except ResponseError as exc:
@@ -267,8 +272,8 @@ async def _config(probe: Probe, name: str) -> str | None:
         reply = await probe("CONFIG", "GET", name)
     except ResponseError:  # renamed or forbidden on managed services
         return None
-    return None if name not in {_text(k) for k in reply} else _text(
-        {_text(k): v for k, v in reply.items()}[name])
+    values = {_text(k): _text(v) for k, v in reply.items()}
+    return values.get(name)
 
 
 async def run_checks(client: Any, namespace: str = "conveyor") -> Report:
