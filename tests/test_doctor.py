@@ -91,6 +91,19 @@ def test_a_cluster_reports_its_primaries(cluster: RedisCluster) -> None:
     assert code in (0, 2)  # the cluster's nodes run without AOF: a warning, not a failure
 
 
+def test_a_sentinel_url_reports_its_primary_and_replica() -> None:
+    from sentinel_helpers import SERVICE, SentinelSet
+
+    group = SentinelSet().start()
+    try:
+        _, found = checks(group.url)
+    finally:
+        group.cleanup()
+    assert found["topology"]["status"] == OK
+    assert found["topology"]["detail"] == f"Sentinel primary {SERVICE!r} with 1 replica"
+    assert found["scripting"]["status"] == OK
+
+
 def test_a_replica_fails_topology_and_writes(make_server: type[RedisServer]) -> None:
     primary = make_server(durable=True).start()
     replica = make_server(durable=True).start()
