@@ -260,15 +260,21 @@ def _stored(app: Conveyor, queue: str, chunks: list[ScriptCall[Stored]], replies
     """What a pipelined send stored: (short id, created) for each job, read from the
     replies of the queue's registration and of each chunk.
 
-    :raises PartialEnqueue: a chunk failed (the ones before it are stored)
+    :raises PartialEnqueue: a chunk failed; it names the jobs of every chunk that did not
+        (each chunk runs whatever the others did: under memory pressure a small last chunk
+        can be stored after larger ones were refused)
     """
     stored: Stored = []
+    errors = []
     for call, reply in zip(chunks, replies[1:], strict=True):
         if isinstance(reply, Exception):
-            raise _partial(app, queue, stored, reply)
-        stored.extend(call.parse(reply))
+            errors.append(reply)
+        else:
+            stored.extend(call.parse(reply))
     if isinstance(replies[0], Exception):
-        raise _partial(app, queue, stored, replies[0])
+        errors.append(replies[0])
+    if errors:
+        raise _partial(app, queue, stored, errors[0])
     return stored
 
 
@@ -296,7 +302,7 @@ def _partial(app: Conveyor, queue: str, stored: Stored, error: BaseException) ->
         return error
     jobs = [Job._of(app, queue, short) for short, _ in stored]
     raised = PartialEnqueue(
-        f"{len(jobs)} job(s) of queue {queue!r} were stored before Redis refused the"
+        f"{len(jobs)} job(s) of queue {queue!r} were stored and Redis refused the"
         f" rest ({type(error).__name__}: {error}); .jobs lists the stored ones", jobs)
     raised.__cause__ = error
     return raised
