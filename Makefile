@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench deps docs docs-serve
+.PHONY: demo test lint bench deps docs docs-serve engines
 
 $(BIN)/conveyor: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,3 +36,8 @@ docs-serve: $(BIN)/conveyor
 
 bench: $(BIN)/conveyor
 	$(BIN)/python -m bench.peers
+
+# Redis 7.2.6 and Valkey 8.0.1 built from ../shared/engines into ~/.cache/conveyor-engines
+# (once), then the scripts' and doctor's tests against each. Minutes: not part of CI.
+engines: $(BIN)/conveyor
+	PYTEST=$(BIN)/pytest bash scripts/engines.sh

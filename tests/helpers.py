@@ -20,7 +20,9 @@ from redis.retry import Retry
 
 import conveyor
 
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+# CONVEYOR_REDIS_SERVER names another server binary (the engine matrix, `make engines`).
+REDIS_SERVER = (os.environ.get("CONVEYOR_REDIS_SERVER") or shutil.which("redis-server")
+                or "/usr/bin/redis-server")
 
 
 def free_port() -> int:

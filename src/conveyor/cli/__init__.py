@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import chaos as _chaos  # noqa: F401  (registers commands)
 from . import dashboard as _dashboard  # noqa: F401
 from . import demo as _demo  # noqa: F401
+from . import doctor as _doctor  # noqa: F401
 from . import flow as _flow  # noqa: F401
 from . import inspect as _inspect  # noqa: F401
 from . import observe as _observe  # noqa: F401

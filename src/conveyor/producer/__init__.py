@@ -39,7 +39,7 @@ from .. import keys as keyspace
 from ..errors import ConfigurationError
 from ..hooks import enqueueing, enqueueing_kinds, take_trace_id
 from ..job import Job
-from ..scripts import ScriptCall, calls
+from ..scripts import ScriptCall, calls, max_items
 from .send import RedisSender, Sender, Sent, Stored
 
 if TYPE_CHECKING:
@@ -51,7 +51,10 @@ __all__ = ["ENQUEUE_CHUNK", "Arguments", "Plan", "RedisSender", "Sender", "Sent"
            "aenqueue", "astore_workflow", "encoded", "enqueue", "enqueue_child", "job_spec",
            "new_short_id", "new_short_ids", "plan", "store", "store_workflow"]
 
-ENQUEUE_CHUNK = 2000  # jobs per script call; a bulk enqueue pipelines its chunks
+# Jobs per script call; a bulk enqueue pipelines its chunks. As many as fit in
+# MAX_COMMAND_ARGS (3,999): 7 words of EVALSHA and the transport, 25 keys and 24 fixed
+# arguments leave 3,943 for jobs of 2 words each, so 1,971.
+ENQUEUE_CHUNK = max_items("enqueue")
 
 Arguments = tuple[tuple[Any, ...], dict[str, Any]]  # one job's (args, kwargs)
 _UNHOOKED: AbstractContextManager[None] = nullcontext()
@@ -267,7 +270,7 @@ def store_workflow(app: Conveyor, wf: Workflow) -> WorkflowHandle:
         p = plan_workflow(app, wf, meta_of)
         sent = app._sender.send_together([(queue, call) for queue, call, _ in p.calls])
         if sent.error is not None:
-            raise partly_stored(app, p, sent.queues, sent.error, sent.unsure)
+            raise partly_stored(app, p, sent.stored, sent.error, sent.unsure)
     return WorkflowHandle(app, p.id)
 
 
@@ -281,5 +284,5 @@ async def astore_workflow(app: Conveyor, wf: Workflow) -> WorkflowHandle:
         p = plan_workflow(app, wf, meta_of)
         sent = await app._sender.asend_together([(queue, call) for queue, call, _ in p.calls])
         if sent.error is not None:
-            raise partly_stored(app, p, sent.queues, sent.error, sent.unsure)
+            raise partly_stored(app, p, sent.stored, sent.error, sent.unsure)
     return WorkflowHandle(app, p.id)

@@ -36,13 +36,14 @@ Stored = list[tuple[str, bool]]  # (short id, created) of each job, as the scrip
 
 
 class Sent(NamedTuple):
-    """What :meth:`Sender.send_together` stored: the queues whose call succeeded, the
-    error of the first that failed (None when none did), and the queues whose call was
-    sent but never answered, however often it was sent again (stored or not)."""
+    """What :meth:`Sender.send_together` stored, by the calls' places in what it was
+    given (a queue may have several calls): the calls that succeeded, the error of the
+    first that failed (None when none did), and the calls sent but never answered, however
+    often they were sent again (stored or not)."""
 
-    queues: list[str]
+    stored: list[int]
     error: BaseException | None
-    unsure: list[str] = []
+    unsure: list[int] = []
 
 
 class Sender(Protocol):
@@ -61,7 +62,7 @@ class Sender(Protocol):
         """Async twin of :meth:`send`."""
 
     def send_together(self, queued: Sequence[tuple[str, ScriptCall[Any]]]) -> Sent:
-        """Register every queue, then send each queue's call (a workflow's nodes)."""
+        """Register every queue, then send each call (a workflow's nodes of a queue)."""
 
     async def asend_together(self, queued: Sequence[tuple[str, ScriptCall[Any]]]) -> Sent:
         """Async twin of :meth:`send_together`."""
@@ -193,8 +194,8 @@ class RedisSender:
 
     def send_together(self, queued: Sequence[tuple[str, ScriptCall[Any]]]) -> Sent:
         """One pipeline on a single Redis: the registration of every queue, then each
-        queue's call (they run whatever the others do: any of them may fail); one call per
-        queue on a Cluster, stopping at the first that fails."""
+        call (they run whatever the others do: any of them may fail); one call at a time
+        on a Cluster, stopping at the first that fails."""
         app, queues = self.app, [queue for queue, _ in queued]
         if app.scripts.pipelined:
             register = ("SADD", keyspace.queues_key(app.namespace), *queues)
@@ -202,10 +203,9 @@ class RedisSender:
                 replies: list[Any] = resend(lambda: app.scripts.send_all(
                     [call for _, call in queued], before=[register]), RESOLVE_SECONDS)
             except plain.BROKEN as exc:
-                return Sent([], exc, queues)
+                return Sent([], exc, list(range(len(queued))))
             errors = [r for r in replies if isinstance(r, Exception)]
-            stored = [queue for (queue, _), reply in zip(queued, replies[1:], strict=True)
-                      if not isinstance(reply, Exception)]
+            stored = [i for i, reply in enumerate(replies[1:]) if not isinstance(reply, Exception)]
             if errors:
                 return Sent(stored, errors[0])
             app._registered_queues.update(queues)
@@ -214,32 +214,32 @@ class RedisSender:
         if new:  # the index of queues lives outside every queue's slot: once per queue
             app.redis.sadd(keyspace.queues_key(app.namespace), *new)
             app._registered_queues.update(new)
-        done: list[str] = []
-        for i, (queue, call) in enumerate(queued):
+        done: list[int] = []
+        for i, (_, call) in enumerate(queued):
             try:
                 resend(partial(app.scripts.run, call), RESOLVE_SECONDS)
             except plain.BROKEN as exc:
-                return Sent(done, exc, [q for q, _ in queued[i:]])
+                return Sent(done, exc, list(range(i, len(queued))))
             except Exception as exc:
                 return Sent(done, exc)
-            done.append(queue)
+            done.append(i)
         return Sent(done, None)
 
     async def asend_together(self, queued: Sequence[tuple[str, ScriptCall[Any]]]) -> Sent:
-        """Async twin of :meth:`send_together`: one call per queue, in order."""
+        """Async twin of :meth:`send_together`: one call at a time, in order."""
         app = self.app
         await app.aredis().sadd(keyspace.queues_key(app.namespace),
                                 *[queue for queue, _ in queued])
         runner = app.ascripts()
-        done: list[str] = []
-        for i, (queue, call) in enumerate(queued):
+        done: list[int] = []
+        for i, (_, call) in enumerate(queued):
             try:
                 await aresend(partial(runner.run, call), RESOLVE_SECONDS)
             except plain.BROKEN as exc:
-                return Sent(done, exc, [q for q, _ in queued[i:]])
+                return Sent(done, exc, list(range(i, len(queued))))
             except Exception as exc:
                 return Sent(done, exc)
-            done.append(queue)
+            done.append(i)
         return Sent(done, None)
 
 
@@ -260,15 +260,21 @@ def _stored(app: Conveyor, queue: str, chunks: list[ScriptCall[Stored]], replies
     """What a pipelined send stored: (short id, created) for each job, read from the
     replies of the queue's registration and of each chunk.
 
-    :raises PartialEnqueue: a chunk failed (the ones before it are stored)
+    :raises PartialEnqueue: a chunk failed; it names the jobs of every chunk that did not
+        (each chunk runs whatever the others did: under memory pressure a small last chunk
+        can be stored after larger ones were refused)
     """
     stored: Stored = []
+    errors = []
     for call, reply in zip(chunks, replies[1:], strict=True):
         if isinstance(reply, Exception):
-            raise _partial(app, queue, stored, reply)
-        stored.extend(call.parse(reply))
+            errors.append(reply)
+        else:
+            stored.extend(call.parse(reply))
     if isinstance(replies[0], Exception):
-        raise _partial(app, queue, stored, replies[0])
+        errors.append(replies[0])
+    if errors:
+        raise _partial(app, queue, stored, errors[0])
     return stored
 
 
@@ -296,7 +302,7 @@ def _partial(app: Conveyor, queue: str, stored: Stored, error: BaseException) ->
         return error
     jobs = [Job._of(app, queue, short) for short, _ in stored]
     raised = PartialEnqueue(
-        f"{len(jobs)} job(s) of queue {queue!r} were stored before Redis refused the"
+        f"{len(jobs)} job(s) of queue {queue!r} were stored and Redis refused the"
         f" rest ({type(error).__name__}: {error}); .jobs lists the stored ones", jobs)
     raised.__cause__ = error
     return raised

@@ -23,10 +23,13 @@ from ._async.transport import AsyncScriptRunner as AsyncScriptRunner
 from ._sync.transport import ScriptRunner as ScriptRunner
 from .packing import FORGET_MAX as FORGET_MAX
 from .packing import KEPT_REPLY_MS as KEPT_REPLY_MS
+from .packing import MAX_COMMAND_ARGS as MAX_COMMAND_ARGS
 from .packing import Arg as Arg
+from .packing import CommandTooLong as CommandTooLong
 from .packing import Confirmed as Confirmed
 from .packing import ScriptCall as ScriptCall
 from .packing import _Packer as _Packer
+from .packing import max_items as max_items
 from .packing import wire as wire
 
 _INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.MULTILINE)

@@ -16,6 +16,8 @@ from typing import Any, Generic, TypeVar
 
 from redis.exceptions import NoScriptError
 
+from . import signatures
+
 T = TypeVar("T")
 Arg = str | bytes | int | float
 
@@ -28,6 +30,41 @@ Arg = str | bytes | int | float
 # script never sees them.
 KEPT_REPLY_MS = 600_000  # how long a reply is kept when its caller never confirms it
 FORGET_MAX = 16  # confirmed replies one call deletes at most
+
+# The most words one command may carry, the command's name included: some servers refuse
+# more (ElastiCache Serverless: 3,999). Every script call is checked against it where its
+# KEYS and ARGV are put together (check_size), and callers that batch size their batches
+# with max_items.
+MAX_COMMAND_ARGS = 3999
+# EVALSHA, the SHA, the key count; then the transport's kept-reply key (one) and its
+# three ARGV entries (see wire).
+CALL_OVERHEAD = 3 + 1 + 3
+
+
+class CommandTooLong(ValueError):
+    """A script call of more than :data:`MAX_COMMAND_ARGS` words: a caller that batches
+    must split its batch (see :func:`max_items`)."""
+
+
+def max_items(name: str) -> int:
+    """How many items (jobs, outcomes, nodes ...) one call of script ``name`` may carry
+    and stay within :data:`MAX_COMMAND_ARGS`."""
+    fixed = len(signatures.KEYS[name]) + len(signatures.ARGV[name]._fields)  # type: ignore[attr-defined]
+    fields = len(signatures.ITEMS[name]._fields)  # type: ignore[attr-defined]
+    return (MAX_COMMAND_ARGS - CALL_OVERHEAD - fixed) // fields
+
+
+def check_size(call: ScriptCall[Any]) -> None:
+    """:raises CommandTooLong: ``call`` would be sent as more than
+    :data:`MAX_COMMAND_ARGS` words"""
+    words = CALL_OVERHEAD + len(call.keys) + len(call.args)
+    if words > MAX_COMMAND_ARGS:
+        most = max_items(call.name) if call.name in signatures.ITEMS else 0
+        raise CommandTooLong(
+            f"script {call.name!r} called with {words:,} arguments (EVALSHA and the"
+            f" transport's included), over the limit of {MAX_COMMAND_ARGS:,}: split the"
+            f" batch (at most {most:,} items a call)")
+
 
 # Scripts sent straight on a pooled connection (see the runners' _send): the one a producer
 # calls once per job. A worker's scripts run once per batch and keep redis-py's whole path.
@@ -98,7 +135,11 @@ class Confirmed:
 
 def wire(call: ScriptCall[Any], forget: str = "") -> tuple[tuple[str, ...], tuple[Arg, ...]]:
     """The KEYS and ARGV the script receives: the call's own, then the transport's part
-    (see :func:`conveyor.scripts.keep_reply`)."""
+    (see :func:`conveyor.scripts.keep_reply`).
+
+    :raises CommandTooLong: more than :data:`MAX_COMMAND_ARGS` words in all
+    """
+    check_size(call)
     return (*call.keys, call.replies), (*call.args, forget, KEPT_REPLY_MS, call.request)
 
 
@@ -112,6 +153,8 @@ class _Packer:
         self._heads: dict[tuple[Any, ...], bytes] = {}
 
     def pack(self, call: ScriptCall[Any], sha: str, forget: str = "") -> bytes:
+        if 4 + len(call.keys) + len(call.args) + 3 > MAX_COMMAND_ARGS:
+            check_size(call)
         fixed = call.fixed
         head_key = (sha, call.keys, *call.args[:fixed])
         head = self._heads.get(head_key)

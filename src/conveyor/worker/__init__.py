@@ -178,7 +178,7 @@ class Worker:
             remove_signals(signals)  # stopped before Redis ever answered: nothing to undo
             await self._close(app)
             return
-        await check_server(client)
+        await check_server(client, app.namespace)
         self.loops = Loops(on_fatal=lambda _exc: self._request_stop())
         listening = Listening(app.url, self.queues, app.keys, runner, self.waiting, slots,
                               consumer, hand_back, self.clock)

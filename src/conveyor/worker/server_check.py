@@ -1,47 +1,34 @@
-"""Warn loudly at start when the Redis server is configured so that it can lose jobs."""
+"""Warn loudly at start when the Redis server lacks what conveyor needs or is configured
+so that it can lose jobs: the checks of ``conveyor doctor`` (:mod:`conveyor.doctor`), run
+once, each problem logged as a WARNING line with its fix."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from redis.exceptions import RedisError
+
+from ..doctor import problems, run_checks
+
 log = logging.getLogger("conveyor.worker")
 
 
-def _as_text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+async def check_server(client: Any, namespace: str = "conveyor") -> list[str]:
+    """Log a warning for each check that warned or failed; the sentences logged.
 
-
-def risks(config: dict[str, Any], persistence: dict[str, Any]) -> list[str]:
-    """Plain sentences naming each setting that can lose jobs (empty when safe)."""
-    found = []
-    policy = _as_text(config.get("maxmemory-policy", "noeviction"))
-    if policy != "noeviction":
-        found.append(
-            f"maxmemory-policy is {policy!r}: Redis may evict job records under memory"
-            " pressure; set it to 'noeviction'"
-        )
-    aof = str(persistence.get("aof_enabled", 0)) == "1"
-    rdb = bool(_as_text(config.get("save", "")).strip())
-    if not aof and not rdb:
-        found.append(
-            "persistence is off (no AOF, no RDB snapshots): a Redis restart loses every job;"
-            " enable appendonly yes"
-        )
-    return found
-
-
-async def check_server(client: Any) -> list[str]:
-    """Log a warning for each risk; managed servers that forbid CONFIG are skipped."""
+    A server that answers the checks oddly (a proxy, an engine without ``INFO`` sections)
+    is noted at INFO level and the worker goes on: the checks advise, they never stop it.
+    """
     try:
-        config = dict(await client.config_get("maxmemory-policy"))
-        config.update(await client.config_get("save"))
-        config = {_as_text(k): v for k, v in config.items()}
-        persistence = await client.info("persistence")
-    except Exception as exc:  # CONFIG may be renamed or forbidden on managed Redis
-        log.info("could not read the Redis configuration (%s); skipping the safety check", exc)
+        report = await run_checks(client, namespace)
+    except RedisError as exc:
+        log.info("could not check the Redis server (%s); skipping the start-up check", exc)
         return []
-    found = risks(config, persistence)
-    for risk in found:
-        log.warning("Redis can lose jobs: %s", risk)
+    except Exception:  # a bug in an advisory check must not keep the worker from running
+        log.warning("the Redis server check failed; skipping it", exc_info=True)
+        return []
+    found = problems(report)
+    for problem in found:
+        log.warning("Redis server check: %s (conveyor doctor tells more)", problem)
     return found

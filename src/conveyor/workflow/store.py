@@ -5,11 +5,13 @@ as for every other producer; a failure after some queues were stored cancels wha
 (:func:`partly_stored`).
 
 A workflow's id is ``"<home queue>~<short id>"``, the home queue being the first node's:
-its record (the node list) lives in that queue's slot. Nodes are stored by one
-``workflow_enqueue`` call per queue, the home queue first, all in one pipeline (one round
-trip) on a single Redis, one call per queue on a Cluster. A node's parent in another queue
-may end before the node's own queue is stored; its hand-over is kept, and the node is
-settled as it is stored (see ``workflow_enqueue.lua``).
+its record (the node list) lives in that queue's slot. Nodes are stored by
+``workflow_enqueue`` calls, one per queue unless a queue has more nodes than one call may
+carry (:func:`conveyor.scripts.max_items`: a command's argument limit), the home queue's
+first (its record with its first call), all in one pipeline (one round trip) on a single
+Redis, one call at a time on a Cluster. A node's parent stored by an earlier call (of
+another queue, or of its own) may end before the node is stored; its hand-over is kept,
+and the node is settled as it is stored (see ``workflow_enqueue.lua``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .. import keys as keyspace
 from ..errors import ConfigurationError, PartialEnqueue
 from ..job import Job
 from ..producer import job_spec
-from ..scripts import ScriptCall, calls
+from ..scripts import ScriptCall, calls, max_items
 from .builder import Workflow
 from .handle import run_all
 
@@ -83,30 +85,33 @@ def plan(app: Conveyor, wf: Workflow,
     total = len(wf.nodes)
     home_record = calls.WorkflowHome(wf_short, listing, total)
     planned = []
+    step = max_items("workflow_enqueue")
     for queue, nodes in by_queue.items():
-        call = calls.workflow_enqueue(app.keys(queue), wf_id, nodes, app.limits,
-                                      home=home_record if queue == home else None, total=total)
-        planned.append((queue, call, [n.short_id for n in nodes]))
+        for i in range(0, len(nodes), step):
+            part = nodes[i:i + step]
+            call = calls.workflow_enqueue(
+                app.keys(queue), wf_id, part, app.limits,
+                home=home_record if queue == home and i == 0 else None, total=total)
+            planned.append((queue, call, [n.short_id for n in part]))
     wf.enqueued = True
     return Plan(wf_id, planned)
 
 
-def partly_stored(app: Conveyor, p: Plan, stored: list[str], error: BaseException,
-                  unsure: Sequence[str] = ()) -> BaseException:
+def partly_stored(app: Conveyor, p: Plan, stored: Sequence[int], error: BaseException,
+                  unsure: Sequence[int] = ()) -> BaseException:
     """Nothing stored (and nothing in doubt): the error itself. Else cancel what was
     stored, and what may have been (``unsure``: sent, never answered; a cancel of a node
     that is not there changes nothing), as far as Redis lets us, and say what was stored
-    and what is still in doubt."""
+    and what is still in doubt. ``stored`` and ``unsure`` are places in ``p.calls``."""
     if not stored and not unsure:
         return error
-    jobs = [Job._of(app, q, short) for q, _, shorts in p.calls if q in stored for short in shorts]
-    doubtful = [Job._of(app, q, short) for q, _, shorts in p.calls if q in unsure
-                for short in shorts]
+    jobs = [Job._of(app, p.calls[i][0], short) for i in stored for short in p.calls[i][2]]
+    doubtful = [Job._of(app, p.calls[i][0], short) for i in unsure for short in p.calls[i][2]]
     try:
-        for queue, _, shorts in p.calls:
-            if queue in stored or queue in unsure:  # by the ids planned
-                k = app.keys(queue)
-                run_all(app, [calls.cancel(k, short, app.limits) for short in shorts])
+        for i in (*stored, *unsure):  # by the ids planned
+            queue, _, shorts = p.calls[i]
+            k = app.keys(queue)
+            run_all(app, [calls.cancel(k, short, app.limits) for short in shorts])
         what = "the stored nodes were cancelled"
         doubtful_left: list[Job[Any]] = []
     except Exception as exc:  # Redis is failing: say so, the caller decides
@@ -114,9 +119,20 @@ def partly_stored(app: Conveyor, p: Plan, stored: list[str], error: BaseExceptio
         what = f"cancelling it failed too ({type(exc).__name__}: {exc})"
         doubtful_left = doubtful
     partial = PartialEnqueue(
-        f"workflow {p.id}: the nodes of queue(s) {', '.join(stored) or 'none'} were stored"
-        f" and those of {', '.join(unsure) or 'none'} may have been before Redis failed"
+        f"workflow {p.id}: the nodes of queue(s) {_names(p, stored)} were stored"
+        f" and those of {_names(p, unsure)} may have been before Redis failed"
         f" ({type(error).__name__}: {error}); {what}; .jobs lists the stored nodes,"
         " .unconfirmed those that may be stored", jobs, doubtful_left)
     partial.__cause__ = error
     return partial
+
+
+def _names(p: Plan, places: Sequence[int]) -> str:
+    """The queues of the calls at ``places``, once each ('none' for none); a queue whose
+    nodes took several calls is named with the share of them meant."""
+    counts: dict[str, int] = {}
+    for i in places:
+        counts[p.calls[i][0]] = counts.get(p.calls[i][0], 0) + 1
+    total = {queue: sum(q == queue for q, _, _ in p.calls) for queue in counts}
+    return ", ".join(queue if n == total[queue] else f"{queue} ({n} of {total[queue]} calls)"
+                     for queue, n in counts.items()) or "none"
