@@ -14,7 +14,7 @@ from .base import app_options, load_app, main
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind (loopback by default: put a proxy with TLS in front "
                    "before exposing it).")
-@click.option("--port", default=8600, show_default=True, type=int)
+@click.option("--port", default=8600, show_default=True, type=int, help="Port to listen on.")
 @click.option("--token", envvar="CONVEYOR_DASHBOARD_TOKEN",
               help="Require this token (bearer header, or open a page once with ?token=).")
 @click.option("--user", "username", envvar="CONVEYOR_DASHBOARD_USER",

@@ -90,7 +90,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 @main.command()
-@click.option("-c", "--concurrency", default=32, show_default=True)
+@click.option("-c", "--concurrency", default=32, show_default=True,
+              help="Jobs the demo's worker runs at once.")
 @click.option("--scale", default=5, show_default=True, help="Multiply the number of batches.")
 @click.option("--clean", is_flag=True, help="Delete the demo's keys afterwards.")
 def demo(concurrency: int, scale: int, clean: bool) -> None:

@@ -110,7 +110,7 @@ DEAD_COLUMNS = [Column("id", NAME), Column("task", NAME), Column("tenant", NAME)
 @dead.command("list")
 @click.argument("queue")
 @click.option("-n", "--limit", default=50, show_default=True, help="Show at most this many.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @app_options
 def dead_list(app: Conveyor, queue: str, limit: int, as_json: bool) -> None:
     """List the dead jobs of QUEUE, oldest first, with the first line of their errors."""

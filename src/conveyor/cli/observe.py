@@ -169,7 +169,7 @@ def advice(app: Conveyor, queue: str, target_wait: float, deadline: str | None, 
 @click.option("--db", default="sqlite:///conveyor-jobs.db", show_default=True,
               help="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db")
 @click.option("-q", "--queue", "queues", multiple=True, help="Queue (default: all, as seen).")
-@click.option("--table", default="conveyor_jobs", show_default=True)
+@click.option("--table", default="conveyor_jobs", show_default=True, help="Table to write.")
 @click.option("--batch", default=500, show_default=True, help="Events per transaction.")
 @click.option("--consumer", help="Name in the consumer group (default host:pid).")
 @click.option("--until-idle", is_flag=True, help="Exit once every stream is written.")
@@ -194,10 +194,12 @@ def sink(app: Conveyor, db: str, queues: tuple[str, ...], table: str, batch: int
 
 
 @main.command()
-@click.option("--db", default="sqlite:///conveyor-jobs.db", show_default=True)
-@click.option("--table", default="conveyor_jobs", show_default=True)
+@click.option("--db", default="sqlite:///conveyor-jobs.db", show_default=True,
+              help="SQLAlchemy URL of the sink's database.")
+@click.option("--table", default="conveyor_jobs", show_default=True,
+              help="Table the sink writes.")
 @click.option("--since", help="Only jobs finished since: 7d, 24h, 30m, or an ISO date.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def report(db: str, table: str, since: str | None, as_json: bool) -> None:
     """Jobs, mean and p95 wait and run per task type, from the sink's database."""
     import sqlalchemy as sa
@@ -230,7 +232,7 @@ def report(db: str, table: str, since: str | None, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("-p", "--port", default=9808, show_default=True)
+@click.option("-p", "--port", default=9808, show_default=True, help="Port to listen on.")
 @click.option("--addr", default="127.0.0.1", show_default=True,
               help="Address to bind (loopback, like the dashboard; 0.0.0.0 for every"
                    " interface, for a Prometheus on another host).")
