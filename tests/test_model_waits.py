@@ -264,12 +264,10 @@ class WaitsMachine(RuleBasedStateMachine):
                 job.waits[name] = Wait(kind, None if ms is None else self.now + ms, child)
             job.current = name
             wait = job.waits[name]
-            # A wait reached before keeps its end in time: once passed, it is over. On its
-            # first reach only a sleep of 0 is over at once (the contract's words); a signal
-            # wait with a timeout of 0 suspends, due at the next fetch, whose run records
-            # the timeout (what the scripts do: a point reported, not settled here).
-            if wait.deadline is not None and self.now >= wait.deadline and (
-                    not first or kind == "time"):
+            # A wait reached before keeps its end in time: once passed, it is over; one
+            # over the moment it is first reached (a sleep of 0, a timeout of 0) is
+            # recorded at once, with no suspension.
+            if wait.deadline is not None and self.now >= wait.deadline:
                 job.recorded[name] = b"t" if kind == "time" else b"x"
                 expected = (calls.WAIT_RECORDED, job.recorded[name])
             else:
@@ -477,11 +475,12 @@ class WaitsMachine(RuleBasedStateMachine):
             self.accepted.setdefault(short_id, set()).add(payload)
 
     def _resume(self, parent_id: str, child_id: str, outcome: bytes) -> int:
-        """The model of ``resume``: how many parents became ready (0 or 1). The contract
-        asks only that the parent's current wait be that child's, open: an ended parent
-        (cancelled while suspended) gets the outcome recorded too, and stays ended."""
+        """The model of ``resume``: how many parents became ready (0 or 1). The parent's
+        current wait must be that child's, open, and the parent must not have ended: an
+        ended parent (cancelled while suspended) has nothing to learn, as an ended job
+        refuses a signal."""
         parent = self.jobs.get(parent_id.split("~", 1)[1])
-        if parent is None:
+        if parent is None or parent.state in ("succeeded", "dead", "cancelled", "expired"):
             return 0
         open_wait = parent.open_wait()
         if open_wait is None or parent.waits[open_wait].kind != "child" or \

@@ -174,3 +174,24 @@ def test_the_wait_checks_its_arguments(app: conveyor.Conveyor) -> None:
         _wait(app, held, "nap", "x", 10, T0)
     with pytest.raises(redis.ResponseError, match="wait: id, token"):
         _wait(app, held, "time", "x" * 201, 10, T0)
+
+
+def test_a_wait_over_the_moment_it_is_reached_is_recorded_without_a_suspension(
+        app: conveyor.Conveyor) -> None:
+    _enqueue(app, "a")
+    held = _lease(app, T0)
+    assert _wait(app, held, "signal", "go", 0, T0) == (calls.WAIT_RECORDED, b"x")
+    assert _wait(app, held, "time", "nap", 0, T0) == (calls.WAIT_RECORDED, b"t")
+
+
+def test_a_parent_cancelled_while_it_waited_learns_nothing_of_its_child(
+        app: conveyor.Conveyor) -> None:
+    k = app.keys(Q)
+    _enqueue(app, "p")
+    held = _lease(app, T0)
+    _wait(app, held, "child", "kid", None, T0, child=f"{Q}~c1")
+    _suspend(app, held, T0)
+    assert app.scripts.run(calls.cancel(k, "p", app.limits, "no longer needed")) == "suspended"
+    assert app.scripts.run(calls.resume(k, [("p", f"{Q}~c1", b"olate")])) == 0
+    record = _record(app, "p")
+    assert record[b"s"] == b"cancelled" and b"w:kid" not in record

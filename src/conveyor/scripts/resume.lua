@@ -17,6 +17,7 @@
 -- Returns: the number of parents that became ready
 --@include suspend
 
+local ENDED_STATES = { succeeded = true, dead = true, cancelled = true, expired = true }
 local n = tonumber(A.ends)
 if not n or #ARGV ~= ITEM.first - 1 + n * ITEM.fields then
   return redis.error_reply('ERR resume: expected ' .. tostring(A.ends) .. ' ends of '
@@ -27,7 +28,9 @@ for i = 0, n - 1 do
   local base = ITEM.first + i * ITEM.fields
   local parent, child = ARGV[base + ITEM.parent], ARGV[base + ITEM.child]
   local f = redis.pcall('HMGET', K.job_prefix .. parent, 's', 'wt', 'p', 'tenant')
-  local w = type(f[1]) == 'string' and parse_wait(f[2]) or nil
+  -- An ended parent (cancelled while it waited) has nothing to learn: it keeps its record.
+  local live = type(f[1]) == 'string' and not ENDED_STATES[f[1]]
+  local w = live and parse_wait(f[2]) or nil
   if w and w.kind == 'child' and w.child == child then
     if f[1] == 'suspended' then resumed = resumed + 1 end
     record_wait(K, parent, w, ARGV[base + ITEM.outcome],

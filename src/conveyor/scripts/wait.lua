@@ -56,7 +56,8 @@ if w and w.name == name and w.kind == kind then
   return { 2, w.child or '' }
 end
 local until_ms = ms and now + ms or nil
-if kind == 'time' and until_ms <= now then return done('t') end
+-- Over the moment it is reached (a sleep of 0, a timeout of 0): recorded, no suspension.
+if until_ms and until_ms <= now then return done(kind == 'time' and 't' or 'x') end
 local child = kind == 'child' and A.child ~= '' and A.child or nil
 redis.call('HSET', key, 'wt', wait_field(kind, until_ms, child, name))
 return { 2, child or '' }
