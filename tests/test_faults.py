@@ -128,7 +128,8 @@ def test_idle_worker_takes_over_a_killed_workers_job(
     finally:
         fleet.stop()
     info = job.info()
-    assert info.attempts == 2 and info.error is not None and "lease expired" in info.error
+    # The lost lease used an attempt; the success that followed leaves no error behind.
+    assert info.attempts == 2 and info.error is None
     assert ledger.counts() == {"held": 2}
 
 

@@ -89,8 +89,8 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
     def serving(self) -> bool:
-        """True once this start has logged that it serves its queues."""
-        return " serving " in self.log()
+        """True once this start has logged its banner: connected, serving its queues."""
+        return " ready: redis " in self.log()
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) the process has used so far."""
