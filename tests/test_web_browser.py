@@ -342,3 +342,33 @@ def test_overview_with_redis_down_says_so_then_recovers(make_server: Any, page: 
         web.should_exit = True
         thread.join(15)
         app.close()
+
+
+def test_a_suspended_job_is_listed_and_resumed_by_a_signal_sent_from_its_page(
+        app: conveyor.Conveyor, served: str, page: Any) -> None:
+    @app.task(name="approve", queue="mail")
+    def approve(order: str) -> str:
+        decision = conveyor.current_job().wait_for("approved", timeout=3600)
+        return f"{order} approved by {decision['by']}"
+
+    with running_worker(app, queues=["mail"], concurrency=2):
+        job = approve.enqueue("o-7")
+        wait_until(lambda: job.info().state == conveyor.JobState.SUSPENDED, 10,
+                   message="suspended")
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{served}/queues/mail")  # its charts draw in UTC, on a 24-hour clock
+        page.locator("#chart-rate canvas").first.wait_for()
+        assert errors == []
+        page.goto(f"{served}/queues/mail/jobs?state=suspended")
+        row = page.locator("#jobs tbody tr").first
+        assert job.id in row.inner_text() and "signal 'approved' until" in row.inner_text()
+        page.goto(f"{served}/jobs/{job.id}")
+        assert page.locator('[data-f="state"]').inner_text() == "suspended"
+        assert "signal 'approved'" in page.locator('[data-f="waiting_for"]').inner_text()
+        form = page.locator("#signal-form")
+        assert form.locator('input[name="name"]').input_value() == "approved"  # filled in
+        form.locator('input[name="data"]').fill('{"by": "ann"}')
+        form.locator('button[data-action="signal"]').click()
+        page.locator(".notice.ok").wait_for()
+        assert job.result(timeout=10) == "o-7 approved by ann"

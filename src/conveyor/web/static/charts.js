@@ -14,8 +14,11 @@
       cursor: { drag: { x: false, y: false } },
       legend: { show: true },
       scales: { x: { time: true } },
+      // Times in UTC and on a 24-hour clock, as every table of the dashboard shows them.
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"),
+      fmtDate: (tpl) => uPlot.fmtDate(tpl.replace(/\{h\}/g, "{HH}").replace(/\s*\{aa\}/g, "")),
       axes: [
-        { stroke: "#64748b", grid: { stroke: "#eef2f7" }, ticks: { stroke: "#e2e8f0" } },
+        { stroke: "#64748b", grid: { stroke: "#eef2f7" }, ticks: { stroke: "#e2e8f0" }, label: "UTC", labelSize: 14 },
         { stroke: "#64748b", grid: { stroke: "#eef2f7" }, ticks: { stroke: "#e2e8f0" }, size: 56, values: axisValues },
       ],
       series: [{}].concat(series.map((s) => ({ label: s.label, stroke: s.color, width: 1.6, fill: s.fill || undefined, spanGaps: false, points: { show: false } }))),
