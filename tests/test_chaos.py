@@ -196,12 +196,15 @@ def test_checker_fails_on_an_attempt_charged_without_a_run() -> None:
     checks, summary = check(ev)
     assert CHARGED in failed(checks)
     assert summary.charged_without_run == 1
-    # A lease lost to a killed worker before the run began is charged (DESIGN 2), and
-    # counted in the run's table, not failed.
-    ev.jobs[0] = dataclasses.replace(ev.jobs[0], attempts=2, error="lease expired")
+    # A lease lost to a killed worker before the run began is charged (DESIGN 2): the
+    # record counts the lost lease, and the charge is counted in the run's table, not
+    # failed, however the job ended (a later success clears the error that said so).
+    ev.jobs[0] = dataclasses.replace(ev.jobs[0], attempts=2, lost=1)
     checks, summary = check(ev)
     assert CHARGED not in failed(checks)
     assert summary.charged_without_run == 1
+    ev.jobs[0] = dataclasses.replace(ev.jobs[0], attempts=3, lost=1)  # one charge too many
+    assert CHARGED in failed(check(ev)[0])
 
 
 def test_checker_counts_attempts_given_back_for_runs_that_started() -> None:

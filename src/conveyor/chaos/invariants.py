@@ -68,6 +68,7 @@ class JobRecord:
     suspends: int = 0  # of the refunds: runs that suspended at a durable wait
     signal_left: bool = False  # a signal kept in the mailbox, never consumed
     signal_taken: bool = False  # the wait for the signal has its outcome recorded
+    lost: int = 0  # leases the record says were lost (their holder died or stalled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,12 +220,13 @@ def _successes(ev: Evidence, runs: Counter[str]) -> list[Check]:
     extra_runs = [f"{_describe(j)}, {j.refunds} refunded: {runs[j.label]} runs"
                   for j in ev.jobs if runs[j.label] > j.attempts + j.refunds]
     # A job leased to a worker that was killed or stopped before it started the run has
-    # its attempt charged when the lease expires (DESIGN 2: a lost lease uses an attempt);
-    # the run table counts them ("attempts charged without a run"). Any other charge
-    # without a run is a broken promise.
-    charged = [f"{_describe(j)}, {j.refunds} refunded: {runs[j.label]} run(s)"
+    # its attempt charged when the lease expires (DESIGN 2: a lost lease uses an attempt;
+    # the record counts its lost leases); the run table counts them ("attempts charged
+    # without a run"). Any other charge without a run is a broken promise.
+    charged = [f"{_describe(j)}, {j.refunds} refunded, {j.lost} lease(s) lost:"
+               f" {runs[j.label]} run(s)"
                + (f" (last error: {j.error.splitlines()[0][:80]})" if j.error else "")
-               for j in ev.jobs if _charged(j, runs) and "lease expired" not in (j.error or "")]
+               for j in ev.jobs if _charged(j, runs) > j.lost]
     return [
         _verdict("at most one success recorded per job", doubles, "none twice"),
         _verdict("every success had a run that completed", unfounded, "all did"),

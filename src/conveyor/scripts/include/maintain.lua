@@ -150,12 +150,16 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
     if r.state == 'active' and r.cancel then
       if release_active(k.active, r.task) then recount = true end
       flow_ended(k, 1, { [r.tenant or ''] = 1 })
+      add_count(key, 'lost', 1)
       cancel_lapsed(k, cfg, now, id, r)
     elseif r.state == 'active' then
       if release_active(k.active, r.task) then recount = true end
       flow_ended(k, 1, { [r.tenant or ''] = 1 })
       local untaken = never_taken(k, key)
-      if not untaken then count(tally, r.task, 'failed', 1) end
+      if not untaken then
+        count(tally, r.task, 'failed', 1)
+        add_count(key, 'lost', 1)  -- leases lost, on the record: what a lost lease cost
+      end
       local attempts = r.attempts or '1'
       local err = 'lease expired: the worker died or stalled (attempt ' .. attempts .. ')'
       local bad = record_problem(r)
