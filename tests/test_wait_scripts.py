@@ -195,3 +195,25 @@ def test_a_parent_cancelled_while_it_waited_learns_nothing_of_its_child(
     assert app.scripts.run(calls.resume(k, [("p", f"{Q}~c1", b"olate")])) == 0
     record = _record(app, "p")
     assert record[b"s"] == b"cancelled" and b"w:kid" not in record
+
+
+def test_a_resume_or_signal_refused_by_a_key_written_over_changes_nothing(
+        app: conveyor.Conveyor) -> None:
+    """The delayed set written over by hand: the child's end and a signal are refused
+    whole (the wait stays open, the job suspended) until the key is put back, then both
+    go through; none leaves a wait recorded on a job that stays suspended."""
+    k = app.keys(Q)
+    _enqueue(app, "p")
+    held = _lease(app, T0)
+    _wait(app, held, "child", "kid", None, T0, child=f"{Q}~c1")
+    _suspend(app, held, T0)
+    app.redis.set(k.delayed, "written over")
+    with pytest.raises(redis.ResponseError, match="resume"):
+        app.scripts.run(calls.resume(k, [("p", f"{Q}~c1", b"odone")]))
+    with pytest.raises(redis.ResponseError, match="signal"):
+        app.scripts.run(calls.signal(k, "p", "go", b"x"))
+    record = _record(app, "p")
+    assert record[b"s"] == b"suspended" and b"w:kid" not in record and b"wt" in record
+    app.redis.delete(k.delayed)
+    assert app.scripts.run(calls.resume(k, [("p", f"{Q}~c1", b"odone")])) == 1
+    assert _record(app, "p")[b"s"] == b"ready"

@@ -155,6 +155,9 @@ class ChaosTasks:
         except Suspended:
             self._note(label, run, "suspend")
             raise
+        except BaseException:  # a lost lease, Redis out of reach past the lease: it ended
+            self._note(label, run, "raise")
+            raise
         self._note(label, run, "ok" if payload == label and kid == f"{label}/kid" else "wrong")
         return label
 

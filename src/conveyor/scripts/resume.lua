@@ -23,6 +23,8 @@ if not n or #ARGV ~= ITEM.first - 1 + n * ITEM.fields then
   return redis.error_reply('ERR resume: expected ' .. tostring(A.ends) .. ' ends of '
     .. ITEM.fields .. ' fields')
 end
+local wrong = resume_keys_problem('resume', K)
+if wrong then return redis.error_reply(wrong) end
 local resumed = 0
 for i = 0, n - 1 do
   local base = ITEM.first + i * ITEM.fields

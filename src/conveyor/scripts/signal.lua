@@ -26,6 +26,8 @@ if not id or id == '' or not name or name == '' or #name > 200 or not payload th
   return redis.error_reply('ERR signal: id and a name of 1-200 bytes must be set')
 end
 
+local wrong = resume_keys_problem('signal', K)
+if wrong then return redis.error_reply(wrong) end
 local key = K.job_prefix .. id
 local f = redis.pcall('HMGET', key, 's', 'wt', 'p', 'tenant', 'sig:' .. name, 'w:' .. name)
 local state = f[1]

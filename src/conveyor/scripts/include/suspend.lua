@@ -15,6 +15,15 @@
 -- 'sig:' .. name (cmsgpack list of payloads, oldest first).
 --@include counter
 --@include ready
+--@include key_types
+
+-- The fixed keys a resume writes (delayed, suspended, counts, priorities), checked before
+-- the first write: a script that stopped half way on one written over by hand would leave
+-- a wait recorded and its job suspended for good. The caller tries again later.
+local function resume_keys_problem(script, k)
+  return wrong_key_type(script, { k.delayed, 'zset', k.suspended, 'set', k.counts, 'hash',
+    k.priorities, 'zset' })
+end
 
 local WAIT_KINDS = { time = 't', signal = 's', child = 'c' }
 local KIND_NAMES = { t = 'time', s = 'signal', c = 'child' }
