@@ -50,6 +50,8 @@ if state == 'active' then
 elseif state == 'scheduled' or state == 'retrying' then
   redis.call('ZREM', K.delayed, id)
 elseif state == 'suspended' then
+  local wrong = resume_keys_problem('cancel', K)  -- before the first write
+  if wrong then return redis.error_reply(wrong) end
   redis.call('ZREM', K.delayed, id)  -- the timer of its wait, if it has one
   count_suspended(K, id, parse_wait(redis.call('HGET', key, 'wt')), -1)
 elseif state == 'ready' then

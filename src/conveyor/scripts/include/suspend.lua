@@ -21,8 +21,9 @@
 -- the first write: a script that stopped half way on one written over by hand would leave
 -- a wait recorded and its job suspended for good. The caller tries again later.
 local function resume_keys_problem(script, k)
-  return wrong_key_type(script, { k.delayed, 'zset', k.suspended, 'set', k.counts, 'hash',
-    k.priorities, 'zset' })
+  local checks = { k.delayed, 'zset', k.suspended, 'set', k.counts, 'hash' }
+  if k.priorities then checks[#checks + 1], checks[#checks + 2] = k.priorities, 'zset' end
+  return wrong_key_type(script, checks)
 end
 
 local WAIT_KINDS = { time = 't', signal = 's', child = 'c' }
