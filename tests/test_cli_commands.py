@@ -125,3 +125,22 @@ def test_demo_names_its_redis_and_leaves_its_jobs(redis_server: RedisServer) -> 
     dead = subprocess.run([CONVEYOR, *command.split()[1:], "--json"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert len(json.loads(dead.stdout)) == 2  # the two batches that always fail
+
+
+def test_purge_cancels_the_ready_jobs_of_a_queue_and_nothing_else(
+        app: conveyor.Conveyor) -> None:
+    @app.task(name="chore", queue="chores")
+    def chore(n: int) -> int:
+        return n
+
+    ready = chore.enqueue_many([(i,) for i in range(30)])
+    with_tenant = chore.options(tenant="acme", priority=8).enqueue_many(
+        [(i,) for i in range(5)])
+    later = chore.options(delay=600).enqueue(99)
+    plain = chore.enqueue(7)  # a plain enqueue: in the queue's inbox until a fetch
+    done = cli(app, "purge", "chores", "--yes")
+    assert done.returncode == 0 and "cancelled 36 ready job(s)" in done.stdout, done
+    assert all(j.info().state == "cancelled" for j in [*ready, *with_tenant, plain])
+    assert later.info().state == "scheduled"
+    assert app.monitor.backlog("chores").ready == 0
+    assert "purged" in (ready[0].info().error or "")

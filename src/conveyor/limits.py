@@ -199,6 +199,34 @@ class Queue:
     def is_paused(self) -> bool:
         return self.app.is_paused(self.name)
 
+    def purge_ready(self, reason: str = "purged") -> int:
+        """Cancel every job of the queue that is ready now (not scheduled, running or
+        suspended ones): each ends ``cancelled`` with ``reason``, as ``job.cancel()``
+        would end it, so its record says what happened to it. Jobs made ready while this
+        runs may be left. Returns how many were cancelled.
+
+        One read of the ready lists, then one cancel per job, sent in pipelines of
+        :data:`PURGE_CHUNK`.
+        """
+        k, client = self.app.keys(self.name), self.app.redis
+        ids: list[str] = []
+        for priority in client.zrange(k.priorities, 0, -1):
+            for tenant in dict.fromkeys(client.lrange(k.ring(_text(priority)), 0, -1)):
+                member = f"{_text(priority)}:{_text(tenant)}"
+                ids += [_text(i) for i in client.lrange(k.ready(member), 0, -1)]
+        ids += [_text(e).split("|", 1)[0] for e in client.lrange(k.inbox, 0, -1)]
+        from .workflow.handle import run_all
+
+        cancelled = 0
+        for start in range(0, len(ids), PURGE_CHUNK):
+            states = run_all(self.app, [calls.cancel(k, short, self.app.limits, reason)
+                                        for short in ids[start:start + PURGE_CHUNK]])
+            cancelled += sum(state == "ready" for state in states)
+        return cancelled
+
+
+PURGE_CHUNK = 500  # cancels per pipeline of purge_ready
+
 
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

@@ -135,3 +135,19 @@ def resume(app: Conveyor, queue: str) -> None:
         return
     q.resume()
     click.echo(f"resumed {queue}")
+
+
+@main.command()
+@click.argument("queue")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@app_options
+def purge(app: Conveyor, queue: str, yes: bool) -> None:
+    """Cancel every job of QUEUE that is ready now (scheduled, running and suspended jobs
+    are left alone); each ends cancelled, its record saying so. For dead letters, see
+    `conveyor dead purge`."""
+    q = app.queue(known_queue(app, queue))
+    ready = app.monitor.backlog(queue).ready
+    if not yes:
+        click.confirm(f"cancel the {ready:,} ready job(s) of {queue}?", abort=True)
+    n = q.purge_ready(reason="purged with conveyor purge")
+    click.echo(f"cancelled {n:,} ready job(s) of {queue}")
