@@ -77,7 +77,7 @@ if not nonce or nonce == '' then return redis.error_reply('ERR fetch: nonce must
 local wrong = wrong_key_type('fetch', { K.priorities, 'zset', K.delayed, 'zset',
   K.leases, 'zset', K.dead, 'zset', K.counts, 'hash', K.active, 'hash', K.seq, 'string',
   K.events, 'stream', K.limits, 'hash', K.buckets, 'hash', K.running, 'hash',
-  K.parked, 'zset', K.suspended, 'set', K.expiring, 'zset', K.cancelling, 'zset' })
+  K.parked, 'zset' })
 if wrong then return redis.error_reply(wrong) end
 -- The token counter is first incremented after a job is popped: one that is no integer
 -- would fail the fetch there, with that job off its ready list and in no lease.
@@ -92,7 +92,7 @@ local tally = new_tally()
 local out = { dead = {}, trimmed = {}, expired = {} }
 reclaim_expired(K, now, 100, cfg, tally, out)
 promote_due(K, now, 1000, cfg, tally, out)
-expire_due(K, now, 1000, cfg, tally, out)
+local next_expiry = expire_due(K, now, 1000, cfg, tally, out)
 
 local acc = new_lease_batch(A.worker)
 local take = lease_taker(K, cfg, tally, out, now, want, nonce, acc)
@@ -114,8 +114,9 @@ end
 write_tally(tally, bucket_key(K.metrics_prefix, now, cfg.bucket_seconds), cfg.bucket_ttl)
 renew_waiter(K, A.worker, want - taken, nonce, now, tonumber(A.waiter_ttl_ms))
 
-local next_due = refill or ''
-for _, set in ipairs({ K.delayed, K.leases, K.parked, K.expiring }) do
+local next_due = refill or next_expiry or ''
+if refill and next_expiry and next_expiry < refill then next_due = next_expiry end
+for _, set in ipairs({ K.delayed, K.leases, K.parked }) do
   local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
   if #first > 0 and (next_due == '' or tonumber(first[2]) < next_due) then
     next_due = tonumber(first[2])

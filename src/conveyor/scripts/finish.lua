@@ -70,7 +70,7 @@ if unknown then return redis.error_reply('ERR finish: unknown outcome ' .. unkno
 local wrong = wrong_key_type('finish', { leases, 'zset', delayed, 'zset', dead, 'zset',
   K.active, 'hash', K.idle, 'hash', events, 'stream', K.counts, 'hash', K.running, 'hash',
   K.parked, 'zset', K.limits, 'hash', K.priorities, 'zset', handover_key(job_prefix),
-  'list', K.suspended, 'set' })
+  'list' })
 if wrong then return redis.error_reply(wrong) end
 
 local now = now_ms(A.now)
@@ -87,7 +87,7 @@ for i = 0, n - 1 do
   -- A record that is no hash (written over by hand) reads as an error: refused, like a
   -- stale token; its lease expires and the fetch that reclaims it dead-letters it.
   local f = redis.pcall('HMGET', key, 's', 'token', 't', 'attempts', 'm', 'key', 'e',
-    'run_at', 'tenant', 'p', 'cancel', 'snoozes', 'tr', 'wf', 'pw', 'x', 'dl')
+    'run_at', 'tenant', 'p', 'cancel', 'snoozes', 'tr', 'wf', 'pw', 'x', 'dl', 'error')
   if f[1] ~= 'active' or f[2] ~= token then
     codes[#codes + 1] = 0
   else
@@ -103,7 +103,7 @@ for i = 0, n - 1 do
     local due = now + (tonumber(ARGV[base + ITEM.retry_delay_ms]) or 0)
     if outcome == 'ok' then
       state = 'succeeded'
-      settle_succeeded(key, payload, started_at, now_s, retention)
+      settle_succeeded(key, payload, started_at, now_s, retention, f[18])
       count(tally, task, 'succeeded', 1)
       codes[#codes + 1] = 1
     elseif outcome == 'retry' then

@@ -14,12 +14,13 @@
 --@include metrics
 --@include finish
 --@include suspend
+--@include expiry_times
 
 local DEFAULT_RETENTION = 86400  -- s, for a caller that passes none (an enqueue's hand-off)
 
 -- Put a job that waits again back on the timer of the time it must start by.
 local function rearm_expiry(expiring, id, x)
-  if x then redis.call('ZADD', expiring, x, id) end
+  if x then soft_call('ZADD', expiring, x, id) end
 end
 
 -- Where a job past its start-by time waited, it waits no more. f: the record's state and
@@ -52,7 +53,7 @@ local function end_expired(k, cfg, tally, now, id, f, listed, out)
   else
     redis.call('EXPIRE', key, retention)
   end
-  redis.call('ZREM', k.expiring, id)
+  soft_call('ZREM', k.expiring, id)
   free_dedupe_key(k.dedupe_prefix, f.key, id)
   emit_event(k.events, cfg.events_maxlen, id, { task = f.task, state = 'expired',
     attempts = f.attempts or '0', enqueued_ms = f.e, run_at = f.run_at, finished_at =
@@ -81,15 +82,19 @@ local function deadline_passed(k, id, key, f, cfg, now)
   if not f.cancel then
     redis.call('HSET', key, 'cancel', 'deadline passed at ' .. seconds(tonumber(f.dl)),
       'cancel_ttl', cfg.retention or DEFAULT_RETENTION)
-    redis.call('ZADD', k.cancelling, now, id)
+    soft_call('ZADD', k.cancelling, now, id)
   end
-  redis.call('ZREM', k.expiring, id)
+  soft_call('ZREM', k.expiring, id)
 end
 
 -- The timer: every job whose start-by time (or, running, deadline) has passed. k: the
 -- queue's keys (job_prefix, expiring, delayed, counts, suspended, cancelling, dedupe_prefix,
 -- events); cfg: retention and events_maxlen.
+-- Returns the earliest time left on the timer (ms), or nil: part of fetch's next due time.
 local function expire_due(k, now, limit, cfg, tally, out)
+  local head = redis.pcall('ZRANGE', k.expiring, 0, 0, 'WITHSCORES')
+  if head.err or #head == 0 then return nil end  -- no timer (or one written over by hand)
+  if tonumber(head[2]) > now then return tonumber(head[2]) end  -- nothing due: one read
   local due = redis.call('ZRANGE', k.expiring, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
   for _, id in ipairs(due) do
     local key = k.job_prefix .. id
@@ -97,13 +102,15 @@ local function expire_due(k, now, limit, cfg, tally, out)
     local state = f and f.s
     if state == 'active' then
       if f.dl and now >= tonumber(f.dl) then deadline_passed(k, id, key, f, cfg, now)
-      else redis.call('ZREM', k.expiring, id) end  -- started in time: no deadline to keep
+      else soft_call('ZREM', k.expiring, id) end  -- started in time: no deadline to keep
     elseif state == 'ready' or state == 'scheduled' or state == 'retrying'
         or state == 'suspended' then
       leave_waiting(k, id, state, f)
       end_expired(k, cfg, tally, now, id, f, state == 'ready', out)
     else
-      redis.call('ZREM', k.expiring, id)  -- ended, or gone
+      soft_call('ZREM', k.expiring, id)  -- ended, or gone
     end
   end
+  head = redis.call('ZRANGE', k.expiring, 0, 0, 'WITHSCORES')
+  return head[2] and tonumber(head[2]) or nil
 end

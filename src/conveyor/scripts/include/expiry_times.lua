@@ -1,6 +1,14 @@
 -- The times a job must start and finish by (include/expiry.lua), from the arguments an
 -- enqueue gets for them: '' none, '+<ms>' from now, '<ms>' an epoch time.
 
+-- A write to an index a job's state does not depend on (the expiry timer, the suspended
+-- set): one refused by a key of the wrong type (written over by hand) is passed over, so
+-- the script goes on and its call costs no type check first. A job off its timer still
+-- never starts past its time (the lease checks it), it only expires later than it should.
+local function soft_call(...)
+  return redis.pcall(...)
+end
+
 local function epoch_ms(raw, now)
   if raw == nil or raw == '' then return nil end
   if string.sub(raw, 1, 1) == '+' then return now + tonumber(string.sub(raw, 2)) end
@@ -28,7 +36,7 @@ local function on_timer(expiring, at, ids)
   for i = 1, #ids do
     args[#args + 1], args[#args + 2] = at, ids[i]
     if #args >= 1000 or i == #ids then
-      redis.call('ZADD', expiring, unpack(args))
+      soft_call('ZADD', expiring, unpack(args))
       args = {}
     end
   end

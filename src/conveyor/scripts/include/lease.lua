@@ -64,7 +64,7 @@ local function lease_ready(k, acc, now, want, nonce, id, key)
     if now >= (tonumber(f[11]) or now) then return 'expired' end
     local deadline = tonumber(f[12])
     if deadline then
-      redis.call('ZADD', k.expiring, deadline, id)
+      soft_call('ZADD', k.expiring, deadline, id)
       if not acc.soonest or deadline < acc.soonest then acc.soonest = deadline end
     else
       acc.off_timer[#acc.off_timer + 1] = id  -- off the timer with the batch's leases
@@ -117,7 +117,7 @@ local function record_leases(k, tally, acc)
     redis.call('ZADD', k.leases, unpack(acc.leases, i, math.min(i + 499, #acc.leases)))
   end
   for i = 1, #acc.off_timer, 500 do  -- started in time, with no deadline to keep
-    redis.call('ZREM', k.expiring, unpack(acc.off_timer, i, math.min(i + 499,
+    soft_call('ZREM', k.expiring, unpack(acc.off_timer, i, math.min(i + 499,
       #acc.off_timer)))
   end
   for task, n in pairs(acc.active) do

@@ -29,7 +29,7 @@ local function promote_due(k, now, limit, cfg, tally, out)
     elseif r.state == 'suspended' then
       -- A durable wait's time came (a sleep's end, a timeout): the run that takes it next
       -- records the wait's outcome (wait.lua).
-      redis.call('SREM', k.suspended, id)
+      redis.pcall('SREM', k.suspended, id)  -- an index: a key written over is passed over
       add_count(k.counts, 'suspended', -1)
       add_count(k.counts, 'suspended_timed', -1)  -- it was in the delayed set: it had a timer
       redis.call('HSET', k.job_prefix .. id, 's', 'ready')

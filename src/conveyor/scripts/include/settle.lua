@@ -44,10 +44,10 @@ local function final_outcome(outcome, payload, f, snooze_cap, now)
   return outcome, payload
 end
 
-local function settle_succeeded(key, payload, started_at, now_s, retention)
+local function settle_succeeded(key, payload, started_at, now_s, retention, error)
   redis.call('HSET', key, 's', 'succeeded', 'token', '', 'result', payload,
     'started_at', started_at, 'finished_at', now_s)
-  redis.call('HDEL', key, 'error')  -- an earlier attempt's (a retry, a requeued dead job)
+  if error then redis.call('HDEL', key, 'error') end  -- an earlier attempt's (a retry...)
   redis.call('EXPIRE', key, retention)
 end
 
@@ -106,7 +106,7 @@ end
 -- ended is off it.
 local function track_expiry(expiring, id, start_by, state)
   if state == nil then rearm_expiry(expiring, id, start_by)
-  else redis.call('ZREM', expiring, id) end
+  else soft_call('ZREM', expiring, id) end
 end
 
 -- Cancelled (or expired past its deadline). A run that never began (started_at 0: the

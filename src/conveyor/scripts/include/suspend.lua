@@ -52,8 +52,8 @@ end
 -- suspended keys; w: the wait, as parse_wait reads it; by: 1 when it is suspended, -1 when
 -- it no longer is.
 local function count_suspended(k, id, w, by)
-  if by > 0 then redis.call('SADD', k.suspended, id)
-  else redis.call('SREM', k.suspended, id) end
+  if by > 0 then redis.pcall('SADD', k.suspended, id)  -- an index: see soft_call
+  else redis.pcall('SREM', k.suspended, id) end
   add_count(k.counts, 'suspended', by)
   if w and w.until_ms then add_count(k.counts, 'suspended_timed', by) end
 end
