@@ -97,9 +97,12 @@ def hints_of(fn: Callable[..., Any], task: str) -> Hints:
                  any(t is not None for t in types))
 
 
+_SCALARS = (int, str, float, bool)
+
+
 def _convert(value: Any, to: Any, task: str, name: str) -> Any:
-    if to is None:
-        return value
+    if to is None or (to in _SCALARS and type(value) is to):
+        return value  # nothing to convert: the common case, without a call into msgspec
     try:
         return msgspec.convert(value, to, str_keys=True)
     except (msgspec.ValidationError, TypeError) as exc:
@@ -107,6 +110,17 @@ def _convert(value: Any, to: Any, task: str, name: str) -> Any:
         text = str(exc).replace("`$", f"`{name}")
         text = text[:1].lower() + text[1:]
         raise ArgumentMismatch(f"argument {name!r} of task {task!r}: {text}") from exc
+
+
+def _as_they_are(hints: Hints, args: Sequence[Any]) -> bool:
+    """Whether positional ``args`` already have their parameters' types (scalars, or no
+    annotation): nothing to convert, the path of most jobs."""
+    if len(args) > len(hints.positional):
+        return False
+    for value, (_, to) in zip(args, hints.positional):  # noqa: B905 (fewer args than hints)
+        if to is not None and not (to in _SCALARS and type(value) is to):
+            return False
+    return True
 
 
 def convert_arguments(hints: Hints, task: str, args: Sequence[Any],
@@ -119,6 +133,8 @@ def convert_arguments(hints: Hints, task: str, args: Sequence[Any],
     """
     if not hints.any_argument:
         return list(args), dict(kwargs)
+    if not kwargs and _as_they_are(hints, args):
+        return list(args), {}
     n = len(hints.positional)
     out_args = []
     for i, value in enumerate(args):

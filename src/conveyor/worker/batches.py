@@ -185,6 +185,8 @@ class Batches:
     def dispatch(self) -> None:
         """Start a call for each buffer that is ready, oldest first, while slots are free;
         then arm the timer for the next buffer whose ``wait`` runs out."""
+        if not self._buffers and self._timer is None:
+            return  # no batch task gathering: the path of every plain job
         now = self._now()
         no_room = self.room() <= 0
         for key, buffer in sorted(self._buffers.items(), key=lambda kv: kv[1].items[0][2]):

@@ -41,6 +41,8 @@ def log_outcome(queue: str, outcome: calls.Outcome, code: int, held: Held | None
     end = ENDS.get(code)
     if end is None:
         return  # refused: the job is another worker's now, which will say how it ends
+    if end not in ("dead", "retrying") and not done_log.isEnabledFor(logging.INFO):
+        return  # the common case, on the hot path: nothing to build
     task = printable(held.leased.task) if held is not None else "?"
     attempt = held.leased.attempts if held is not None else 0
     most = held.leased.max_attempts if held is not None else 0
