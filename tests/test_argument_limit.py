@@ -156,3 +156,16 @@ def test_a_queue_whose_later_call_fails_is_named_and_its_stored_part_cancelled(
     assert "queue(s) default (1 of 2 calls) were stored" in str(error)
     assert len(error.jobs) == 248 and error.jobs[0].id == root.id
     assert {job.info().state for job in error.jobs} == {conveyor.JobState.CANCELLED}
+
+
+def test_a_workers_call_over_the_limit_is_sent_with_a_warning(
+        logged: conveyor.Conveyor, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker's batch grows with its concurrency: over the limit (past ~660 jobs held),
+    Redis still takes it, so it is sent, with a warning naming the engines that do not."""
+    k = logged.keys("q")
+    outcomes = [calls.Outcome(f"j{i}", "1.x", "ok", 1.0, b"\\x90")
+                for i in range(max_items("finish") + 1)]
+    with caplog.at_level("WARNING", logger="conveyor.worker"):
+        done = logged.scripts.run(calls.finish(k, outcomes, logged.limits))
+    assert done.codes == [calls.FINISH_REFUSED] * len(outcomes)  # no such leases: refused
+    assert "need a lower worker concurrency" in caplog.text

@@ -9,6 +9,7 @@ trip, the second one for calls that met NOSCRIPT, and how their replies are put 
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,10 +55,25 @@ def max_items(name: str) -> int:
     return (MAX_COMMAND_ARGS - CALL_OVERHEAD - fixed) // fields
 
 
+# A worker's calls carry one item per job it holds: over the limit only past a
+# concurrency of some 660 (finish) to 1,300 (heartbeat). Engines without the limit (Redis,
+# Valkey) take them: such a call is sent, with a warning, rather than refused.
+WORKER_BATCHED = frozenset({"finish", "heartbeat", "progress", "release"})
+_warned: set[str] = set()
+
+
 def check_size(call: ScriptCall[Any]) -> None:
     """:raises CommandTooLong: ``call`` would be sent as more than
-    :data:`MAX_COMMAND_ARGS` words"""
+    :data:`MAX_COMMAND_ARGS` words (a worker's call is sent, and warned about once)"""
     words = CALL_OVERHEAD + len(call.keys) + len(call.args)
+    if words > MAX_COMMAND_ARGS and call.name in WORKER_BATCHED:
+        if call.name not in _warned:
+            _warned.add(call.name)
+            logging.getLogger("conveyor.worker").warning(
+                "script %r sent with %d arguments: engines that refuse more than %d"
+                " (ElastiCache Serverless) need a lower worker concurrency", call.name,
+                words, MAX_COMMAND_ARGS)
+        return
     if words > MAX_COMMAND_ARGS:
         most = max_items(call.name) if call.name in signatures.ITEMS else 0
         raise CommandTooLong(
