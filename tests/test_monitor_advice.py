@@ -117,5 +117,5 @@ def test_a_limit_holding_jobs_is_named_before_any_job_finished(
     app.pause("capped")
     advice = app.monitor.advice(queue="capped")
     assert advice.run_time is None  # nothing finished: run time unknown
-    assert any("held by the queue is paused" in reason
+    assert any("held by the queue's pause" in reason
                for reason in advice.reasons), advice.reasons

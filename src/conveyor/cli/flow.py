@@ -57,7 +57,9 @@ def _show(state: FlowState) -> None:
     status = f"paused: {'yes' if state.paused else 'no'} · running {state.running} · " \
              f"ready {state.ready} · held {state.held}"
     if state.blocked_by:
-        status += f" (the queue is held by its {state.blocked_by})"
+        why = {"paused": "the queue is paused", "concurrency": "held by its concurrency cap",
+               "rate": "held by its rate"}.get(state.blocked_by, state.blocked_by)
+        status += f" ({why})"
     console.print(status)
     tenants = sorted(set(lim.tenants) | set(state.running_by_tenant) | set(state.held_by_tenant))
     if tenants:

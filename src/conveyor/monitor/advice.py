@@ -172,7 +172,7 @@ class _Decision:
         flow = self.given.flow
         if flow is None or flow.held <= 0:
             return
-        why = {"paused": "the queue is paused", "concurrency": "the queue's concurrency cap",
+        why = {"paused": "the queue's pause", "concurrency": "the queue's concurrency cap",
                "rate": "the queue's rate"}.get(flow.blocked_by or "", "tenant limits")
         tenants = ", ".join(f"{t} ({n})" for t, n in
                             sorted(flow.held_by_tenant.items(), key=lambda i: -i[1])[:3])
