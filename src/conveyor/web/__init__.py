@@ -11,15 +11,17 @@ scheduled / active / dead jobs with paging, ``/tasks`` task types, ``/jobs`` loo
 cancel button), ``/workers`` the worker registry with the supervisors and their
 latest decisions, ``/schedules`` periodic jobs.
 Actions are forms that POST to ``/actions/<name>`` (``requeue``, ``purge``, ``cancel``,
-``pause``, ``resume``, ``cancel_workflow``) with a CSRF token; see :mod:`conveyor.web.security`.
+``pause``, ``resume``, ``cancel_workflow``, ``limits``, ``signal``) with a CSRF token; see
+:mod:`conveyor.web.security`.
 
 JSON API (GET only; nothing under ``/api`` changes state; times are epoch seconds from
 the Redis server's clock, durations seconds, rates per second; a figure that cannot be
 had is ``null``):
 
 ``/api/overview``
-    ``{time, totals: {ready, scheduled, active, dead, throughput}, workers: {count,
-    capacity}, queues: [{name, paused, ready, scheduled, active, dead, throughput,
+    ``{time, totals: {ready, scheduled, active, suspended, dead, throughput}, workers:
+    {count, capacity}, queues: [{name, paused, ready, scheduled, active, suspended, dead,
+    throughput,
     wait_p95, advice: {workers_needed, eta_seconds, reasons} | null, spark: {t,
     processed, wait_p95}}], tasks: [{name, queue, active, idle, idle_since, idle_for,
     threshold}]}`` — throughput and wait p95 over the last minute, sparklines
@@ -37,7 +39,8 @@ had is ``null``):
     run_p50, run_p95, run_p99}``: parallel arrays, one point per ``step`` seconds.
 ``/api/queues/<queue>/jobs?state=dead&offset=0&limit=50``
     ``{queue, state, total, offset, limit, jobs: [job + {due}]}``; ``state`` is
-    ``scheduled`` (soonest first), ``active`` or ``dead`` (newest first).
+    ``scheduled`` (soonest first), ``active``, ``suspended`` (in no order; ``due``: when
+    the job was last started) or ``dead`` (newest first).
 ``/api/tasks?window=900``
     ``{window, tasks: [{name, queue, registered, active, idle, idle_since, idle_for,
     threshold, enqueued, ..., throughput, failure_rate, wait, run}]}``.
