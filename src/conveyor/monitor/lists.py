@@ -138,7 +138,8 @@ def read_jobs(app: Conveyor, queue: str, state: str, offset: int = 0,
 
 def _suspended(app: Conveyor, queue: str, offset: int, limit: int) -> JobPage:
     """A page of the suspended set: the first ``offset + limit`` members a scan meets
-    (O(offset + limit)), each with the time its run suspended."""
+    (O(offset + limit)), each with when it was enqueued (a suspended record keeps no
+    start time: it may wait for days, in few bytes)."""
     k = app.keys(queue)
     total = int(app.redis.scard(k.suspended))
     shorts = [_text(m) for m in itertools.islice(
@@ -151,7 +152,7 @@ def _suspended(app: Conveyor, queue: str, offset: int, limit: int) -> JobPage:
     for short, record in zip(shorts, records, strict=True):
         if record:  # a record may go between the two reads
             info = JobInfo.from_record(app, queue, short, record)
-            jobs.append((info, info.started_at or 0.0))
+            jobs.append((info, info.enqueued_at or 0.0))
     return JobPage(queue, "suspended", total, offset, limit, jobs)
 
 

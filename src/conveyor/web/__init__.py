@@ -40,7 +40,7 @@ had is ``null``):
 ``/api/queues/<queue>/jobs?state=dead&offset=0&limit=50``
     ``{queue, state, total, offset, limit, jobs: [job + {due}]}``; ``state`` is
     ``scheduled`` (soonest first), ``active``, ``suspended`` (in no order; ``due``: when
-    the job was last started) or ``dead`` (newest first).
+    the job was enqueued) or ``dead`` (newest first).
 ``/api/tasks?window=900``
     ``{window, tasks: [{name, queue, registered, active, idle, idle_since, idle_for,
     threshold, enqueued, ..., throughput, failure_rate, wait, run}]}``.
