@@ -292,3 +292,12 @@ def test_checker_fails_on_a_wait_resumed_wrongly_or_a_signal_left_or_two_childre
     ev = _waited()
     ev.children = {"chaos~w1": 2}
     assert "no child stored twice for one wait" in failed(check(ev)[0])
+
+
+def test_checker_allows_a_late_start_only_to_a_run_whose_lease_was_lost() -> None:
+    ev = healthy()
+    ev.jobs.append(JobRecord("expiring:1", "expiring", "chaos~e1", "expired", 1, None, 0))
+    ev.ledger.append(LedgerEntry("expiring:1", "r8", 100, "late", "chaos~e1"))
+    assert "no job started after its expiry" in failed(check(ev)[0])
+    ev.jobs[-1] = dataclasses.replace(ev.jobs[-1], lost=1)  # a stopped worker went on late
+    assert "no job started after its expiry" not in failed(check(ev)[0])
