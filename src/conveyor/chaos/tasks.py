@@ -16,8 +16,8 @@ and the resumed run notes ``ok`` only if it got its own signal and its own child
 (``wrong`` otherwise).
 
 The expiring task belongs to jobs enqueued with a short ``expires``: a run notes ``late``
-instead of ``start`` when it begins past the time its job had to start by (read from its
-record, on the same machine's clock as the server's).
+instead of ``start`` when its lease was granted past the time its job had to start by
+(both read from its record, on the server's clock).
 
 The batch task takes up to 20 jobs per call (``Batch``) on the side queue, beside the plain
 side jobs; each item notes its own ``start`` and ``ok`` under its job id.
@@ -64,7 +64,6 @@ POISON = ("raise", "kill", "exit", "hang")
 WORK_KINDS = ("work", "wait", "expiring", "batch")  # jobs that must succeed (or be cancelled)
 KINDS = (*WORK_KINDS, *POISON)
 SIGNAL = "go"  # the signal a wait job waits for; its payload is the job's label
-LATE_SLACK_MS = 5.0  # the worker's clock may be this far ahead of the server's
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -163,9 +162,12 @@ class ChaosTasks:
 
     def _expiring(self, label: str, seconds: float) -> str:
         ctx = current_job()
-        start_by = self.app.redis.hget(self.app.keys(ctx.queue).job(ctx.id.split("~", 1)[1]),
-                                       "x")
-        late = start_by is not None and time.time() * 1000 > float(start_by) + LATE_SLACK_MS
+        # The lease wrote its own time (server clock) as the record's start, which the
+        # run's finish replaces: read now, it says when this run was granted its lease.
+        start_by, leased_at = self.app.redis.hmget(
+            self.app.keys(ctx.queue).job(ctx.id.split("~", 1)[1]), "x", "started_at")
+        late = (start_by is not None and leased_at is not None
+                and float(leased_at) * 1000 > float(start_by))
         run = os.urandom(4).hex()
         self._note(label, run, "late" if late else "start")
         time.sleep(seconds)
