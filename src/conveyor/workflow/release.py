@@ -137,7 +137,22 @@ class Steps:
         return out
 
 
-FIELDS = (STATE, "wf", "wfn", "wfc", "error", "pw", "result")
+FIELDS = (STATE, "wf", "wfn", "wfc", "error", "pw")
+
+
+async def _child_results(client: Any, k: keyspace.QueueKeys, shorts: list[str],
+                         records: list[list[Any]]) -> None:
+    """Fill in the result of each child job (``pw``) that succeeded: its parent records
+    it. Read apart, and only for those, so a workflow node's result (any size) is never
+    read for a hand-over that does not need it."""
+    wanted = [i for i, record in enumerate(records) if record[5] and record[0] == b"succeeded"]
+    if not wanted:
+        return
+    async with client.pipeline(transaction=False) as pipe:
+        for i in wanted:
+            pipe.hget(k.job(shorts[i]), "result")
+        for i, result in zip(wanted, await pipe.execute(), strict=True):
+            records[i][6] = result
 
 
 async def drain_queue(app: Conveyor, queue: str) -> tuple[int, set[str], set[str]]:
@@ -155,7 +170,8 @@ async def drain_queue(app: Conveyor, queue: str) -> tuple[int, set[str], set[str
     async with client.pipeline(transaction=False) as pipe:
         for short in shorts:
             pipe.hmget(k.job(short), *FIELDS)
-        records = await pipe.execute()
+        records = [[*record, None] for record in await pipe.execute()]
+    await _child_results(client, k, shorts, records)
     steps = Steps(app, queue)
     steps.read(shorts, records)
     ready: set[str] = set()
