@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -10,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RedisServer, env_with_src
+from conveyor.cli.inspect import when
+from conveyor.clock import ServerClock
+from conveyor.schedule import Scheduler
+from helpers import RedisServer, env_with_src, running_worker, wait_until
 
 CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
 
@@ -76,6 +80,42 @@ def test_info_lists_queues_and_schedules(cli) -> None:  # type: ignore[no-untype
     out = run("info", "--app", "apps.cli_app:app").stdout
     assert "cli" in out and "3" in out
     assert "cli.rollup" in out and "*/5 * * * *" in out and "never" in out
+
+
+def test_info_shows_a_periodic_as_never_fired_until_a_tick_fires(cli) -> None:  # type: ignore[no-untyped-def]
+    """A worker's first start records the current tick without firing: ``info`` still says
+    the periodic never fired; once a tick fires, it shows that tick."""
+    run, module = cli
+    app = module.app
+    cursor = app.keys("cron").schedule("cli.rollup")
+    with running_worker(app, queues=["cron"], concurrency=1):
+        wait_until(lambda: app.redis.exists(cursor), 10, message="the first start's cursor")
+
+    def rollup_row() -> str:
+        out = run("info", "--app", "apps.cli_app:app").stdout
+        return out[out.index("cli.rollup"):].split("\n\n")[0]
+
+    def rollup_json() -> dict[str, object]:
+        shown = json.loads(run("info", "--json", "--app", "apps.cli_app:app").stdout)
+        (row,) = [r for r in shown["schedules"] if r["task"] == "cli.rollup"]
+        return row  # type: ignore[no-any-return]
+
+    armed = int(app.redis.get(cursor)) / 1000
+    assert "never" in rollup_row() and when(armed, "seconds") not in rollup_row()
+    assert rollup_json()["last"] is None
+
+    (periodic,) = app.periodics
+    tick = periodic.next_after(armed)
+
+    async def fire() -> bool:
+        try:
+            return await Scheduler(app, ["cron"], ServerClock()).fire(periodic, tick)
+        finally:
+            await app.aclose()
+
+    assert asyncio.run(fire())
+    assert when(tick, "seconds") in rollup_row() and "never" not in rollup_row()
+    assert rollup_json()["last"] == tick
 
 
 def test_bad_app_spec_is_explained(cli) -> None:  # type: ignore[no-untyped-def]

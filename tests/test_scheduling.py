@@ -10,6 +10,8 @@ from collections import Counter
 import pytest
 
 import conveyor
+from conveyor.clock import ServerClock
+from conveyor.schedule import Scheduler
 from conveyor.sink import stream_events
 from helpers import running_worker, wait_until
 
@@ -150,6 +152,85 @@ def test_periodic_missed_ticks_fire_once_after_an_outage(app: conveyor.Conveyor)
     fired = [e for e in app.redis.xrange(k.events)]
     # one catch-up job for the latest missed tick plus at most a couple of live ticks
     assert 1 <= len(fired) <= 4
+
+
+async def test_a_first_start_arms_a_periodic_without_showing_it_as_fired(
+        app: conveyor.Conveyor) -> None:
+    """A scheduler's first start records the current tick as its cursor (so that past
+    ticks do not fire); the monitor shows no last fire until a tick really fires."""
+
+    @app.periodic("0 * * * *", queue="cron4", name="hourly")
+    def hourly() -> None: ...
+
+    (periodic,) = app.periodics
+    scheduler = Scheduler(app, ["cron4"], ServerClock())
+    now = float(app.redis.time()[0])
+    armed = periodic.latest_at_or_before(now)
+    assert not await scheduler.fire(periodic, armed, only_if_seen=True)  # as a first start
+    k = app.keys("cron4")
+    assert int(app.redis.get(k.schedule("hourly"))) == round(armed * 1000)
+    (row,) = app.monitor.schedules()
+    assert (row.task, row.last) == ("hourly", None)
+
+    tick = periodic.next_after(now)
+    assert await scheduler.fire(periodic, tick)
+    assert not await scheduler.fire(periodic, tick)  # another worker, the same tick
+    (row,) = app.monitor.schedules()
+    assert row.last == tick
+    recorded = [float(app.redis.hget(key, "tick"))
+                for key in app.redis.scan_iter(match=k.job_prefix + "*", count=1000)]
+    assert recorded == [tick]
+    await app.aclose()
+
+
+async def test_a_cursor_left_by_an_older_version_is_not_shown_as_a_fire(
+        app: conveyor.Conveyor) -> None:
+    """Older versions kept only the cursor, also for a first start that fired nothing: it
+    reads as no last fire, until the next tick fires."""
+
+    @app.periodic("0 * * * *", queue="cron5", name="older")
+    def older() -> None: ...
+
+    (periodic,) = app.periodics
+    now = float(app.redis.time()[0])
+    armed = periodic.latest_at_or_before(now)
+    app.redis.set(app.keys("cron5").schedule("older"), round(armed * 1000))
+    (row,) = app.monitor.schedules()
+    assert row.last is None
+    scheduler = Scheduler(app, ["cron5"], ServerClock())
+    assert not await scheduler.fire(periodic, armed)  # the cursor still holds that tick
+    tick = periodic.next_after(now)
+    assert await scheduler.fire(periodic, tick)
+    (row,) = app.monitor.schedules()
+    assert row.last == tick
+    await app.aclose()
+
+
+def test_a_worker_shows_only_the_ticks_it_fired(app: conveyor.Conveyor) -> None:
+    """With a worker running: a periodic whose tick has not come yet shows no last fire,
+    one that fires every second shows the tick of its latest job."""
+
+    @app.periodic("0 0 1 1 *", queue="cron6", name="yearly")
+    def yearly() -> None: ...
+
+    @app.periodic("* * * * * *", queue="cron6", name="each_second")
+    def each_second() -> None: ...
+
+    k = app.keys("cron6")
+
+    def fired() -> list[float]:
+        return [float(app.redis.hget(key, "tick"))
+                for key in app.redis.scan_iter(match=k.job_prefix + "*", count=1000)]
+
+    with running_worker(app, queues=["cron6"], concurrency=1):
+        wait_until(lambda: app.redis.exists(k.schedule("yearly")), 10,
+                   message="the first start's cursor")
+        rows = {r.task: r for r in app.monitor.schedules()}
+        assert rows["yearly"].last is None
+        wait_until(lambda: len(fired()) >= 2, 10, message="two ticks fired")
+    rows = {r.task: r for r in app.monitor.schedules()}
+    assert rows["yearly"].last is None
+    assert rows["each_second"].last == max(fired())
 
 
 def test_invalid_cron_is_refused(app: conveyor.Conveyor) -> None:

@@ -22,9 +22,11 @@ with warnings.catch_warnings():  # starlette nudges towards httpx2; httpx is wha
 
 import conveyor
 from conveyor import testing
-from conveyor.clock import server_now
+from conveyor.clock import ServerClock, server_now
 from conveyor.fleet.published import Publisher
+from conveyor.schedule import Scheduler
 from conveyor.web import create_app, series
+from conveyor.web.filters import when
 from helpers import env_with_src, free_port, running_worker, wait_until
 
 XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned=1">'
@@ -91,6 +93,40 @@ def test_every_page_renders(app: conveyor.Conveyor, client: TestClient) -> None:
     assert client.get("/jobs/mail~nope").status_code == 404
     lookup = client.get("/jobs", params={"id": jobs[0].id})
     assert lookup.status_code == 303 and lookup.headers["location"].endswith(jobs[0].id)
+
+
+def test_schedules_show_never_until_a_tick_fires(app: conveyor.Conveyor,
+                                                client: TestClient) -> None:
+    """A worker's first start records the current tick without firing: the page and the
+    API show no last fire until a tick fires, then that tick."""
+
+    @app.periodic("*/5 * * * *", queue="mail", name="mail.digest")
+    def digest() -> None: ...
+
+    cursor = app.keys("mail").schedule("mail.digest")
+    with running_worker(app, queues=["mail"], concurrency=1):
+        wait_until(lambda: app.redis.exists(cursor), 10, message="the first start's cursor")
+    armed = int(app.redis.get(cursor)) / 1000
+
+    def shown() -> tuple[object, str]:
+        (row,) = client.get("/api/schedules").json()["schedules"]
+        page = client.get("/schedules").text
+        cells = re.findall(r"<td>([^<]*)</td>", page[page.index("mail.digest"):])
+        return row["last"], cells[0]  # the first plain cell after the task: last fired
+
+    assert shown() == (None, "never")
+    assert when(armed) not in client.get("/schedules").text
+    (periodic,) = app.periodics
+    tick = periodic.next_after(armed)
+
+    async def fire() -> bool:
+        try:
+            return await Scheduler(app, ["mail"], ServerClock()).fire(periodic, tick)
+        finally:
+            await app.aclose()
+
+    assert asyncio.run(fire())
+    assert shown() == (tick, when(tick))
 
 
 def test_queue_api_shows_tenants_per_priority(app: conveyor.Conveyor,

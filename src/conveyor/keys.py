@@ -44,7 +44,10 @@ class QueueKeys:
     events_on: str  # exists once a sink has read the queue: only then are events written
     paused: str  # exists while the queue is paused
     metrics_prefix: str  # + bucket start (s) -> zset of counters and histograms (score: value)
-    schedule_prefix: str  # + periodic name -> last fired tick (periodic jobs)
+    # + periodic name -> the latest tick claimed (ms): the scheduler's cursor, written by
+    # every firing and by a first start that records the current tick without firing
+    schedule_prefix: str
+    fired_prefix: str  # + periodic name -> the latest tick that stored a job (ms)
     cancelling: str  # zset short id -> when a cancel of the running job was asked (ms)
     handover: str  # list of short ids of workflow nodes that ended, children not yet told
     workflow_prefix: str  # + workflow short id -> hash: the workflow's nodes (home queue)
@@ -96,8 +99,12 @@ class QueueKeys:
         return self.ready_prefix + "in"
 
     def schedule(self, name: str) -> str:
-        """Last fired tick of the periodic job ``name``."""
+        """The latest tick claimed for the periodic job ``name`` (fired or not)."""
         return self.schedule_prefix + name
+
+    def fired(self, name: str) -> str:
+        """The latest tick of the periodic job ``name`` that fired (stored its job)."""
+        return self.fired_prefix + name
 
 
 @cache
@@ -130,6 +137,7 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
         # older versions wrote, so a mixed deploy never meets a key of the wrong type.
         metrics_prefix=f"{tag}:mz:",
         schedule_prefix=f"{tag}:schedule:",
+        fired_prefix=f"{tag}:fired:",
         cancelling=f"{tag}:cancelling",
         # Scripts that end jobs derive this name from the hash tag of their job_prefix
         # (include/finish.lua, handover_key): keep the two in step.

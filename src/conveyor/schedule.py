@@ -165,5 +165,5 @@ def _tick_ms(raw: Any) -> int | None:
     try:
         return int(raw) if raw is not None else None
     except (TypeError, ValueError):
-        log.warning("the last fired tick stored for a periodic job is not a number: %r", raw)
+        log.warning("the latest tick claimed for a periodic job is not a number: %r", raw)
         return None

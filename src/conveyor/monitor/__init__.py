@@ -91,7 +91,8 @@ class Monitor:
         return read_jobs(self.app, queue, state, offset, limit)
 
     def schedules(self, now: float | None = None) -> list[ScheduleRow]:
-        """The app's periodic jobs with their next fire and last fired tick.
+        """The app's periodic jobs with their next fire and last fired tick (None until a
+        tick has fired: the tick a worker's first start records is not one).
 
         :param now: the server's clock (epoch s) when the caller has read it already
         """

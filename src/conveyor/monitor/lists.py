@@ -70,7 +70,9 @@ class JobPage:
 
 @dataclass(frozen=True, slots=True)
 class ScheduleRow:
-    """A periodic job: its cron, next fire and last fired tick (epoch s, None unknown)."""
+    """A periodic job: its cron, next fire and last fired tick (epoch s; ``last`` is None
+    until a tick stores its job, also after a scheduler's first start, which records the
+    current tick without firing)."""
 
     task: str
     queue: str
@@ -157,13 +159,18 @@ def _suspended(app: Conveyor, queue: str, offset: int, limit: int) -> JobPage:
 
 
 def read_schedules(app: Conveyor, now: float) -> list[ScheduleRow]:
-    """Periodic jobs with their next fire after ``now`` and last fired tick."""
+    """Periodic jobs with their next fire after ``now`` and last fired tick.
+
+    The last fired tick is kept apart from the scheduler's cursor (the latest tick claimed,
+    which a first start sets without firing). Versions before the split kept only the
+    cursor, for ticks fired and not alike: a periodic they ran shows no last fire until
+    its next tick fires, rather than one that may never have happened."""
     from croniter import croniter
 
     periodics = list(app.periodics)
     with app.redis.pipeline(transaction=False) as pipe:
         for periodic in periodics:
-            pipe.get(app.keys(periodic.task.queue).schedule(periodic.name))
+            pipe.get(app.keys(periodic.task.queue).fired(periodic.name))
         lasts = pipe.execute()
     start = dt.datetime.fromtimestamp(now, dt.UTC)
     rows = []

@@ -11,7 +11,8 @@
 -- K.dedupe_prefix         dedupe keys: dedupe_prefix .. key -> short id
 -- K.wake                  wake marker list
 -- K.metrics_prefix        metric buckets
--- K.schedule_prefix last fired tick per periodic: schedule_prefix .. name -> ms
+-- K.schedule_prefix latest tick claimed per periodic (fired or recorded): .. name -> ms
+-- K.fired_prefix    latest tick per periodic that stored its job: fired_prefix .. name -> ms
 -- K.throttle_prefix throttle windows: throttle_prefix .. key -> short id (expires)
 -- K.leases
 -- K.dead
@@ -33,8 +34,9 @@
 -- A.claim                 '' or a periodic's name: store the jobs only if this call is the
 --                         first to claim tick `claim_tick` of it (exactly once per tick)
 -- A.claim_tick            the tick (ms) being claimed
--- A.claim_mode            'fire', or 'seen': only fire if the periodic has fired before
---                         (a first start records the tick instead of firing for the past)
+-- A.claim_mode            'fire', or 'seen': only fire if the periodic has a tick claimed
+--                         before (a first start records the tick in schedule_prefix
+--                         instead of firing for the past; fired_prefix stays unset)
 -- A.task                  task name of every job
 -- A.priority              0-9
 -- A.tenant                '' for none
@@ -81,11 +83,8 @@ local problem = enqueue_problem()
 if problem then return redis.error_reply('ERR enqueue: ' .. problem) end
 
 if child_stored(job_prefix) then return { ARGV[FIRST + ID], 0 } end
-if claim ~= '' then
-  local last = tonumber(redis.call('GET', schedule_prefix .. claim))
-  if last and last >= claim_tick then return {} end
-  redis.call('SET', schedule_prefix .. claim, string.format('%d', claim_tick))
-  if not last and claim_mode == 'seen' then return {} end
+if claim ~= '' and not claim_fires(schedule_prefix .. claim, claim_tick, claim_mode) then
+  return {}
 end
 
 local now = now_ms(A.now)
@@ -146,6 +145,10 @@ for i = 0, n_jobs - 1 do
 end
 if start_by then on_timer(K.expiring, start_by, ids) end
 if key ~= '' then dedupe_created(K, key, ids[1], throttle_ms) end
+-- What readers show as the periodic's last fire: only a tick that stored its job.
+if claim ~= '' and n_jobs > 0 then
+  redis.call('SET', K.fired_prefix .. claim, string.format('%d', claim_tick))
+end
 
 if n_jobs > 0 then
   local tally = new_tally()

@@ -19,9 +19,10 @@ Arg = str | bytes | int | float
 
 KEYS: dict[str, tuple[str, ...]] = {
     "enqueue": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "counts",
-                "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix", "throttle_prefix",
-                "leases", "dead", "active", "seq", "events", "paused", "limits", "buckets",
-                "running", "parked", "waiters", "waiter_offers", "handoff_prefix", "expiring"),
+                "dedupe_prefix", "wake", "metrics_prefix", "schedule_prefix", "fired_prefix",
+                "throttle_prefix", "leases", "dead", "active", "seq", "events", "paused",
+                "limits", "buckets", "running", "parked", "waiters", "waiter_offers",
+                "handoff_prefix", "expiring"),
     "fetch": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "delayed", "leases",
               "dead", "counts", "active", "seq", "dedupe_prefix", "events", "metrics_prefix",
               "wake", "paused", "limits", "buckets", "running", "parked", "waiters",

@@ -67,7 +67,9 @@ had is ``null``):
     ``scale out``, ``scale in``, ``restart``, ``replace`` or ``recycle``; ``from`` and
     ``to`` are process counts (``null`` unless it scaled); ``text`` says why.
 ``/api/schedules``
-    ``{time, schedules: [{task, queue, cron, next, last}]}``.
+    ``{time, schedules: [{task, queue, cron, next, last}]}``: ``last`` is the latest tick
+    that fired, ``null`` until one has (a worker's first start records the current tick
+    without firing it).
 
 While Redis cannot be reached, every endpoint answers 503 with ``{error: "redis
 unavailable", detail}`` (``detail`` names the URL without its password, the cause and what

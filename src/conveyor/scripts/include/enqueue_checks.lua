@@ -59,6 +59,17 @@ local function child_stored(job_prefix)
   return A.parent ~= '' and redis.call('EXISTS', job_prefix .. ARGV[ITEM.first + ITEM.short_id]) == 1
 end
 
+-- A periodic's claim of `tick` (ms) on its cursor key: false when this or a later tick was
+-- claimed first (another worker fired it), or on the periodic's first start ('seen' and no
+-- cursor yet), which only records the tick so that past ticks do not fire. Which tick last
+-- fired is kept apart, by the caller, once the jobs are stored.
+local function claim_fires(schedule_key, tick, mode)
+  local last = tonumber(redis.call('GET', schedule_key))
+  if last and last >= tick then return false end
+  redis.call('SET', schedule_key, string.format('%d', tick))
+  return last ~= nil or mode ~= 'seen'
+end
+
 -- The fields few jobs have, appended to `record` when they apply: debounce's latest run,
 -- a periodic tick, the trace id, the waiting parent, the times to start and finish by
 -- (include/expiry.lua). Returns the time the jobs must start by (ms), or nil.
