@@ -1,6 +1,7 @@
 """The dashboard in a real browser (Debian's Chromium through Playwright) against a real
-Redis with a worker running: live numbers, a requeue by clicking, a refused cross-site
-POST, and an error holding markup that shows as text and never runs."""
+Redis with a worker running: live numbers, a running job's start and worker, a requeue by
+clicking, a refused cross-site POST, and an error holding markup that shows as text and
+never runs."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import uvicorn
 import conveyor
 from conveyor.fleet.published import Publisher
 from conveyor.web import create_app
+from conveyor.web.filters import when
 from helpers import free_port, running_worker, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
@@ -277,6 +279,54 @@ def test_running_job_progress_moves_live_and_cancel_stops_it(app: conveyor.Conve
         wait_until(lambda: job.info().state == conveyor.JobState.CANCELLED, 5,
                    message="cancelled from the dashboard")
         assert page.dialogs and "Its run is stopped" in page.dialogs[-1]
+
+
+def test_a_running_job_shows_since_when_and_on_which_worker(app: conveyor.Conveyor,
+                                                           served: str, page: Any) -> None:
+    """From the active list to the job's page: its start time and the id the worker
+    registered, as rendered and after the page refreshed itself; the holder goes when the
+    run ends, the start time stays."""
+    release = threading.Event()
+
+    @app.task(name="reports.build", queue="reports")
+    def build() -> str:
+        release.wait(20)  # bounded, in case the test fails before it releases the job
+        return "built"
+
+    try:
+        with running_worker(app, queues=["reports"], concurrency=2) as worker:
+            job = build.enqueue()
+            info = wait_until(lambda: (i := job.info()).state == "active" and i, 10,
+                              message="the job to run")
+            registered = wait_until(lambda: [w.id for w in app.monitor.workers()], 10,
+                                    message="the worker's registration")
+            assert registered == [worker.id]
+            assert info.worker == worker.id and info.started_at is not None
+            started = when(info.started_at)
+
+            page.goto(f"{served}/queues/reports/jobs?state=active")
+            page.locator("#jobs tbody a", has_text=job.id).click()
+            page.wait_for_url(f"**/jobs/{job.id}")
+            state, holder = page.locator('[data-f="state"]'), page.locator('[data-f="worker"]')
+            since = page.locator('[data-f="started_at"]')
+            ran = page.locator('[data-f="running_for"]')
+            assert state.inner_text() == "active"
+            assert (holder.inner_text(), since.inner_text()) == (registered[0], started)
+            first = ran.inner_text()
+            wait_until(lambda: ran.inner_text() != first, 10, 0.1,
+                       "the page to refresh the time it has run")
+            assert (holder.inner_text(), since.inner_text()) == (registered[0], started)
+            assert ran.inner_text() != "n/a"
+            shot(page, "job-running.png")
+
+            release.set()
+            wait_until(lambda: state.inner_text() == "succeeded", 10, 0.1,
+                       "the page to show the run ended")
+            assert holder.inner_text() == ""
+            assert since.inner_text() == started
+            assert page.locator('[data-f="finished_at"]').inner_text() != "-"
+    finally:
+        release.set()
 
 
 def test_an_operator_changes_a_queues_limits(app: conveyor.Conveyor, served: str,
