@@ -281,3 +281,12 @@ def test_result_times_never_go_back() -> None:
     assert ordered(10.0, 9.9, None) == [10.0, 10.0, None]
     assert ordered(None, None, None) == [None, None, None]
     assert ordered(10.0, None, 11.0) == [10.0, None, 11.0]
+
+
+def test_tasks_of_the_settings_package_resolve_inside_override_settings(
+        backend: ConveyorBackend) -> None:
+    # django_project is the settings' package; with it out of INSTALLED_APPS only the
+    # settings module vouches for its tasks, and override_settings hides that one.
+    with override_settings(INSTALLED_APPS=["conveyor.contrib.django"]):
+        assert backend._resolve("django_project.tasks.add") is tasks.add
+        assert backend._resolve("json.dumps") is None  # still nothing outside them

@@ -171,7 +171,7 @@ class ConveyorBackend(BaseTaskBackend):  # type: ignore[misc]
         from django.conf import settings
 
         roots = {str(entry).split(".")[0] for entry in settings.INSTALLED_APPS}
-        roots.add(str(getattr(settings, "SETTINGS_MODULE", "") or "").split(".")[0])
+        roots.add(_settings_module().split(".")[0])
         if module_path.split(".")[0] not in roots - {""}:
             return None
         try:
@@ -277,6 +277,18 @@ class ConveyorBackend(BaseTaskBackend):  # type: ignore[misc]
             arguments, meta = ([], {}), {}
         task = results.task_of_meta(django_task, self.alias, info.queue, meta)
         return results.result_of_record(task, info, record, arguments, self.alias)
+
+
+def _settings_module() -> str:
+    """The project's settings module, also inside ``override_settings``: the settings it
+    overrides (a ``UserSettingsHolder``) say ``SETTINGS_MODULE = None``, the project's are
+    beneath them."""
+    from django.conf import UserSettingsHolder, settings
+
+    held: Any = getattr(settings, "_wrapped", settings)
+    while isinstance(held, UserSettingsHolder):
+        held = held.default_settings
+    return str(getattr(held, "SETTINGS_MODULE", "") or "")
 
 
 class _DjangoTasks(dict[str, Task[Any, Any]]):
