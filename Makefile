@@ -27,8 +27,9 @@ lint: $(BIN)/conveyor
 	$(BIN)/python tests/typecheck/check.py
 	$(BIN)/python scripts/generate_sync.py --check  # _sync/ is generated from _async/
 
-# Django's own tests/tasks (fetched from PyPI into ~/.cache/conveyor-django) against
-# conveyor's backend, on Django 6.1 and on 5.2 with the backport; part of .ci/run.
+# The upstream Tasks tests (Django's, django-tasks-rq's, django-tasks-db's; fetched from
+# PyPI into ~/.cache/conveyor-django) against conveyor's backend, on Django 6.1 and on 5.2
+# with the backport; part of .ci/run.
 django-upstream: deps
 	$(BIN)/python scripts/django_upstream.py
 

@@ -1,25 +1,28 @@
-"""Run Django's own tests of the Tasks framework against conveyor's backend, on Django 6.1
-and on Django 5.2 with the django-tasks backport, with a real Redis and real workers.
+"""Run the upstream tests of Django's Tasks framework against conveyor's backend, on
+Django 6.1 and on Django 5.2 with the django-tasks backport, with a real Redis and real
+conveyor workers.
 
-    .venv/bin/python scripts/django_upstream.py [--django 6.1|5.2|both]
+    .venv/bin/python scripts/django_upstream.py [--django 6.1|5.2|both] [--suite NAME]
 
-What it does:
+The suites (``SUITES``): Django's ``tests/tasks/``, and the backend tests
+(``tests/tests.py``) of django-tasks-rq and django-tasks-db. What it does:
 
-1. downloads Django's source distribution from PyPI (``pip download``, exact version
-   below) into ``~/.cache/conveyor-django`` (``$CONVEYOR_DJANGO_CACHE``), once, and
-   unpacks its ``tests/tasks/``; nothing of it enters this repository;
-2. makes a virtualenv there with that Django and conveyor's dependencies, once
-   (``--ignore-requires-python``: Django 6 declares Python 3.12, and runs on 3.11 with
-   the two ``inspect`` functions ``tests/django_upstream/run.py`` adds); Django 5.2 and
-   the backport are the project's own ``.venv`` (this interpreter);
-3. starts a private redis-server and runs the upstream test modules under each Django
+1. downloads each suite's source distribution from PyPI (``pip download``, exact
+   versions below) into ``~/.cache/conveyor-django`` (``$CONVEYOR_DJANGO_CACHE``), once,
+   and unpacks its ``tests/``; nothing of them enters this repository;
+2. makes a virtualenv there for each Django (``VENVS``, exact versions) with conveyor's
+   dependencies, once; Django 6 declares Python 3.12 and is installed with
+   ``--ignore-requires-python``: it runs on 3.11 with the two ``inspect`` functions
+   ``tests/django_upstream/run.py`` adds;
+3. starts a private redis-server and runs each suite under each Django it applies to
    through ``tests/django_upstream/run.py``, which changes only the settings and the
    step that runs a task (see its package's docstring);
-4. prints each Django's counts, and exits non-zero when a test that applies did not pass,
-   or when ``tests/django_upstream/not_applying.py`` names a test the run did not see.
+4. prints the counts of each run, and exits non-zero when a test that applies did not
+   pass, or when ``tests/django_upstream/not_applying.py`` names a test the run did not
+   have.
 
-The django-tasks backport's source distribution ships no tests; its Django 5.2 run is
-Django 6.1's tests on the backport.
+The django-tasks backport's own source distribution ships no tests: on Django 5.2 it is
+tested by Django 6.1's tests (with ``django.tasks`` naming it) and by the two backends'.
 """
 
 from __future__ import annotations
@@ -37,11 +40,10 @@ import time
 import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DJANGO = "6.1.3"  # the Django whose tests/tasks/ run, on itself and on 5.2's backport
-LABEL = "tasks"  # the test package; its test_*.py modules are discovered
 CACHE = Path(os.environ.get("CONVEYOR_DJANGO_CACHE")
              or Path.home() / ".cache" / "conveyor-django")
 
@@ -49,45 +51,73 @@ sys.path.insert(0, str(ROOT / "tests"))
 from django_upstream import not_applying  # noqa: E402 - after the path above
 
 
+@dataclass(frozen=True)
+class Suite:
+    """Upstream tests from one source distribution on PyPI."""
+
+    name: str  # the distribution, and the prefix of its tests' ids
+    version: str
+    package: str  # the folder of the sdist's tests/ to put on the path ("" for tests/)
+    label: str  # what the test runner loads
+    djangos: tuple[str, ...]  # the Djangos it runs on
+
+
+SUITES = [
+    Suite("django", "6.1.3", "tests", "tasks", ("6.1", "5.2")),
+    Suite("django-tasks-rq", "0.12.0", "", "tests.tests", ("5.2",)),
+    Suite("django-tasks-db", "0.13.0", "", "tests.tests", ("6.1", "5.2")),
+]
+# What each Django's virtualenv holds besides conveyor's dependencies: the Django, the
+# backport before Django 6, and what the test modules of the backends import.
+VENVS = {
+    "6.1": ["django==6.1.3", "django-tasks-db==0.13.0"],
+    "5.2": ["django==5.2.19", "django-tasks==0.12.0", "django-tasks-db==0.13.0",
+            "django-tasks-rq==0.12.0", "rq==2.6.1", "django-rq==3.2.2",
+            "fakeredis==2.32.1"],
+}
+
+
 def pip(python: str | Path, *args: str) -> None:
     subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args],
                    check=True)
 
 
-def upstream_tests() -> Path:
-    """The folder holding Django's ``tasks`` test package, unpacked from the sdist."""
-    unpacked = CACHE / f"django-{DJANGO}-tests"
-    if (unpacked / "tasks" / "test_tasks.py").exists():
-        return unpacked
-    sdists = CACHE / "sdist"
-    sdist = sdists / f"django-{DJANGO}.tar.gz"
-    if not sdist.exists():
+def unpacked_tests(suite: Suite) -> Path:
+    """The folder to put on the path for ``suite``'s tests, unpacked from its sdist."""
+    unpacked = CACHE / f"{suite.name}-{suite.version}-tests"
+    if (unpacked / "tests").is_dir():
+        return unpacked / suite.package
+    sdists = CACHE / "sdist" / f"{suite.name}-{suite.version}"
+    if not list(sdists.glob("*.tar.gz")):
         pip(sys.executable, "download", "--no-binary", ":all:", "--no-deps",
-            "--ignore-requires-python", f"django=={DJANGO}", "-d", str(sdists))
-    prefix = f"django-{DJANGO}/tests/tasks/"
+            "--ignore-requires-python", f"{suite.name}=={suite.version}", "-d", str(sdists))
+    [sdist] = sdists.glob("*.tar.gz")
     staging = Path(tempfile.mkdtemp(dir=CACHE))
     with tarfile.open(sdist) as archive:
-        members = [m for m in archive.getmembers() if m.name.startswith(prefix) and m.isfile()]
+        top = archive.getmembers()[0].name.split("/")[0]
+        members = [m for m in archive.getmembers()
+                   if m.name.startswith(f"{top}/tests/") and m.isfile()]
         archive.extractall(staging, members=members, filter="data")
-    (staging / f"django-{DJANGO}" / "tests").rename(unpacked)
+    shutil.rmtree(unpacked, ignore_errors=True)  # an older or partial unpacking
+    (staging / top).rename(unpacked)
     shutil.rmtree(staging)
-    return unpacked
+    return unpacked / suite.package
 
 
-def django_venv() -> Path:
-    """The interpreter of a virtualenv with Django ``DJANGO`` and conveyor's
-    dependencies (conveyor itself comes from this clone's ``src``)."""
-    venv = CACHE / f"venv-django-{DJANGO}"
+def django_venv(django: str) -> Path:
+    """The interpreter of a virtualenv for Django ``django`` with ``VENVS[django]`` and
+    conveyor's dependencies (conveyor itself comes from this clone's ``src``)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*VENVS[django], *project["dependencies"]]
+    venv = CACHE / f"venv-django-{django}"
     python = venv / "bin" / "python"
-    ready = venv / ".ready"
-    if ready.exists():
+    ready = venv / "ready.json"
+    if ready.exists() and json.loads(ready.read_text()) == wanted:
         return python
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    pip(python, "install", "--ignore-requires-python", f"django=={DJANGO}",
-        *project["dependencies"])
-    ready.touch()
+    pip(python, "install", "--ignore-requires-python", *wanted)
+    ready.write_text(json.dumps(wanted))
     return python
 
 
@@ -124,17 +154,18 @@ def redis_server() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run(python: str | Path, tests: Path, url: str) -> dict[str, object]:
-    """Run the upstream modules under ``python``; what ``run.py`` wrote."""
+def run(python: Path, suite: Suite, tests: Path, url: str) -> dict[str, object]:
+    """Run ``suite`` under ``python``; what ``run.py`` wrote."""
     out = Path(tempfile.mkstemp(suffix=".json")[1])
     env = dict(os.environ, CONVEYOR_REDIS_URL=url,
                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"),
                                            str(tests)]))
     env.pop("DJANGO_SETTINGS_MODULE", None)
     try:
-        subprocess.run([str(python), "-m", "django_upstream.run", str(out), LABEL],
-                       cwd=tests, env=env, check=True)
+        subprocess.run([str(python), "-m", "django_upstream.run", str(out), suite.name,
+                        suite.label], cwd=tests, env=env, check=True)
         found: dict[str, object] = json.loads(out.read_text())
+        found["suite"] = f"{suite.name} {suite.version}"
         return found
     finally:
         out.unlink(missing_ok=True)
@@ -144,14 +175,17 @@ def verdict(report: dict[str, object]) -> list[str]:
     """Print the counts of one run; the problems found (empty when all is well)."""
     version = str(report["django"])
     outcomes: dict[str, dict[str, str]] = report["tests"]  # type: ignore[assignment]
-    listed = not_applying.reasons(tuple(int(part) for part in version.split(".")[:1]))
+    prefix = f"{str(report['suite']).split()[0]}:"
+    listed = {test_id: reason for test_id, reason
+              in not_applying.reasons(tuple(int(part) for part in version.split(".")[:1])).items()
+              if test_id.startswith(prefix)}
     problems = [f"{test_id} applies and {o['outcome']}:\n{o['detail']}"
                 for test_id, o in sorted(outcomes.items())
                 if test_id not in listed and o["outcome"] != "passed"]
     problems += [f"{test_id} is listed as not applying but {o['outcome']}"
                  for test_id, o in sorted(outcomes.items())
                  if test_id in listed and o["outcome"] != "skipped"]
-    modules_out = {name for name in listed if name in outcomes and name.count(".") == 1}
+    modules_out = {name for name in listed if name in outcomes and name.count(".") <= 1}
     problems += [f"{test_id} is listed as not applying but the run has no such test"
                  for test_id in sorted(listed) if test_id not in outcomes
                  and not any(test_id.startswith(f"{m}.") for m in modules_out)]
@@ -159,25 +193,25 @@ def verdict(report: dict[str, object]) -> list[str]:
     failed = sum(test_id not in listed and o["outcome"] != "passed"
                  for test_id, o in outcomes.items())
     skipped = sum(o["outcome"] == "skipped" for o in outcomes.values())
-    print(f"Django {version}: {passed} passed, {failed} failed, {skipped} not applying"
-          f" (tests/django_upstream/not_applying.py)")
+    print(f"{report['suite']} on Django {version}: {passed} passed, {failed} failed,"
+          f" {skipped} not applying")
     return problems
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--django", choices=["6.1", "5.2", "both"], default="both")
-    chosen = parser.parse_args().django
+    parser.add_argument("--suite", choices=[suite.name for suite in SUITES],
+                        help="one suite only (default: all)")
+    args = parser.parse_args()
     CACHE.mkdir(parents=True, exist_ok=True)
-    tests = upstream_tests()
-    pythons: list[str | Path] = []
-    if chosen in {"6.1", "both"}:
-        pythons.append(django_venv())
-    if chosen in {"5.2", "both"}:
-        pythons.append(sys.executable)  # the project's venv: Django 5.2 and the backport
+    djangos = ["6.1", "5.2"] if args.django == "both" else [args.django]
+    plan = [(django, suite) for django in djangos for suite in SUITES
+            if django in suite.djangos and args.suite in {None, suite.name}]
+    ready = [(django_venv(django), suite, unpacked_tests(suite)) for django, suite in plan]
     problems: list[str] = []
     with redis_server() as url:
-        reports = [run(python, tests, url) for python in pythons]
+        reports = [run(python, suite, tests, url) for python, suite, tests in ready]
     for report in reports:
         problems += verdict(report)
     for problem in problems:

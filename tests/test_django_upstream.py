@@ -1,6 +1,7 @@
-"""The runner of Django's own Tasks tests (``scripts/django_upstream.py``): the list of
-the tests that do not apply is the one docs/django.md shows, and Django's reference
-backends are the only thing a ``TASKS`` setting changes into conveyor's."""
+"""The runner of the upstream Tasks tests (``scripts/django_upstream.py``): the list of
+the tests that do not apply is the one docs/django.md shows, and the backends a
+``TASKS`` setting names (Django's reference backends, the RQ and database queues) are
+the only thing it changes into conveyor's."""
 
 from __future__ import annotations
 
@@ -28,14 +29,17 @@ def test_the_docs_show_the_list_of_tests_that_do_not_apply() -> None:
               for test_id, reason in not_applying.EVERYWHERE.items()}
     listed |= {(test_id, "5.2", reason)
                for test_id, reason in not_applying.WITH_THE_BACKPORT.items()}
+    listed |= {(test_id, "6.1", reason) for test_id, reason in not_applying.ON_DJANGO_6.items()}
     assert _documented() == listed
 
 
-def test_the_backport_adds_to_the_list_only_before_django_6() -> None:
-    assert not_applying.reasons((6, 1, 3, "final", 0)) == not_applying.EVERYWHERE
+def test_each_django_adds_its_own_to_the_list() -> None:
+    assert not_applying.reasons((6, 1, 3, "final", 0)) == {
+        **not_applying.EVERYWHERE, **not_applying.ON_DJANGO_6}
     assert not_applying.reasons((5, 2, 19, "final", 0)) == {
         **not_applying.EVERYWHERE, **not_applying.WITH_THE_BACKPORT}
     assert not set(not_applying.EVERYWHERE) & set(not_applying.WITH_THE_BACKPORT)
+    assert not set(not_applying.EVERYWHERE) & set(not_applying.ON_DJANGO_6)
 
 
 def test_only_djangos_reference_backends_become_conveyors(
@@ -57,3 +61,8 @@ def test_only_djangos_reference_backends_become_conveyors(
     assert made["immediate"]["OPTIONS"]["kept"] is True
     assert made["custom"] is custom and made["missing"] == setting["missing"]
     assert backends.conveyor_tasks(made) == made  # read again after a change: the same
+    queues = {"rq": {"BACKEND": "django_tasks_rq.RQBackend"},
+              "db": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["a"]}}
+    assert {alias: params["BACKEND"] for alias, params
+            in backends.conveyor_tasks(queues).items()} == {
+        "rq": "django_upstream.backends.Stored", "db": "django_upstream.backends.Stored"}

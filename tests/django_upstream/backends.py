@@ -21,7 +21,11 @@ from conveyor.contrib.django import ConveyorBackend, tasks_api
 __all__ = ["RunAtOnce", "Stored", "conveyor_tasks", "point_at_conveyor"]
 
 _PACKAGES = ("django.tasks", "django_tasks")
-DUMMY = {f"{package}.backends.dummy.DummyBackend" for package in _PACKAGES}
+# Backends that store a task for a worker to run: the dummy backend (nothing runs it) and
+# the queues of django-tasks-rq and django-tasks-db, whose tests run their worker.
+DUMMY = {f"{package}.backends.dummy.DummyBackend" for package in _PACKAGES} | {
+    "django_tasks_rq.RQBackend", "django_tasks_rq.backend.RQBackend",
+    "django_tasks_db.DatabaseBackend", "django_tasks_db.backend.DatabaseBackend"}
 IMMEDIATE = {f"{package}.backends.immediate.ImmediateBackend" for package in _PACKAGES}
 
 

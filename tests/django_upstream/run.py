@@ -1,11 +1,14 @@
-"""Run Django's ``tests/tasks`` test modules in this interpreter against conveyor, and
-write each test's outcome as JSON: ``python -m django_upstream.run OUT.json LABEL ...``.
+"""Run one upstream suite's test modules in this interpreter against conveyor, and write
+each test's outcome as JSON: ``python -m django_upstream.run OUT.json SUITE LABEL``.
 
-``scripts/django_upstream.py`` calls it with ``PYTHONPATH`` naming conveyor's ``src``,
-this package's parent and the upstream ``tests`` folder, and ``CONVEYOR_REDIS_URL`` the
-private redis-server it started. Every test starts on an empty Redis (``FLUSHALL``), as
-every test of Django's own run starts with its reference backends empty. A test of
-``not_applying`` is skipped with its reason.
+``SUITE`` is ``django`` (Django's ``tests/tasks``, ``LABEL`` ``tasks``),
+``django-tasks-rq`` or ``django-tasks-db`` (their ``tests/tests.py``, ``LABEL``
+``tests.tests``). ``scripts/django_upstream.py`` calls it with ``PYTHONPATH`` naming
+conveyor's ``src``, this package's parent and the folder holding the suite's test
+package, and ``CONVEYOR_REDIS_URL`` the private redis-server it started. Every test
+starts on an empty Redis (``FLUSHALL``), as every test of the upstream runs starts with
+its backend empty. A test of ``not_applying`` is skipped with its reason. Outcomes are
+keyed ``SUITE:unittest id``.
 """
 
 from __future__ import annotations
@@ -74,12 +77,13 @@ class _Outcomes(unittest.TextTestResult):
     outcomes: dict[str, dict[str, str]] = {}
     client: redis.Redis | None = None
     not_applying: dict[str, str] = {}
+    prefix = ""
 
     def _note(self, test: Any, outcome: str, detail: str = "") -> None:
         test_id = test.id() if hasattr(test, "id") else str(test)
         # A module that fails to import shows as one test named after it; a module listed
         # as not applying is expected to.
-        test_id = test_id.removeprefix("unittest.loader._FailedTest.")
+        test_id = self.prefix + test_id.removeprefix("unittest.loader._FailedTest.")
         if test_id in self.not_applying:
             outcome, detail = "skipped", self.not_applying[test_id]
         known = self.outcomes.get(test_id)
@@ -113,6 +117,28 @@ class _Outcomes(unittest.TextTestResult):
             self._note(test, "failed", self._exc_info_to_string(err, test))
 
 
+def run_a_conveyor_worker(*args: Any, **kwargs: Any) -> None:
+    """The step that runs the worker, in the test modules of django-tasks-rq (an RQ
+    ``SimpleWorker``) and django-tasks-db (``manage.py db_worker --batch``): a real conveyor
+    worker, in this process, until no job of the default backend's queues is ready. Their
+    arguments (a backend alias, a verbosity, output streams) are the db worker's options."""
+    backend = tasks_api_of_the_run().task_backends["default"]
+    queues = sorted(backend.queues) or ["default"]
+    backend.app.worker(queues=queues, concurrency=1).run(burst=True)
+
+
+def tasks_api_of_the_run() -> Any:
+    from conveyor.contrib.django import tasks_api
+
+    return tasks_api
+
+
+def _swap_the_worker_step(tests: list[unittest.TestCase]) -> None:
+    for test in tests:
+        if hasattr(type(test), "run_worker"):
+            type(test).run_worker = staticmethod(run_a_conveyor_worker)  # type: ignore[attr-defined]
+
+
 def _tests(suite: unittest.TestSuite) -> list[unittest.TestCase]:
     found: list[unittest.TestCase] = []
     for item in suite:
@@ -120,19 +146,22 @@ def _tests(suite: unittest.TestSuite) -> list[unittest.TestCase]:
     return found
 
 
-def _skip_not_applying(suite: unittest.TestSuite, reasons: dict[str, str]) -> None:
+def _skip_not_applying(suite: unittest.TestSuite, reasons: dict[str, str], prefix: str
+                       ) -> None:
     for test in _tests(suite):
-        reason = reasons.get(test.id())
+        reason = reasons.get(prefix + test.id())
         if reason is not None:
             method = getattr(test, test._testMethodName)
             setattr(test, test._testMethodName, unittest.skip(reason)(method))
 
 
 def main(argv: list[str]) -> int:
-    out, labels = argv[0], argv[1:]
+    out, suite_name, label = argv
+    os.environ["UPSTREAM_SUITE"] = suite_name
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "django_upstream.settings")
     backport_inspect()
-    alias_the_backport()
+    if suite_name == "django":  # the backends' own tests know the backport by its name
+        alias_the_backport()
     import django
 
     django.setup()
@@ -141,7 +170,14 @@ def main(argv: list[str]) -> int:
     from .backends import point_at_conveyor
 
     point_at_conveyor()
+    if suite_name != "django":  # their test modules import their tasks as tests.tasks
+        from . import backend_tasks
+
+        importlib.import_module("tests")
+        sys.modules["tests.tasks"] = backend_tasks
+        sys.modules["tests"].tasks = backend_tasks  # type: ignore[attr-defined]
     _Outcomes.client = redis.Redis.from_url(os.environ["CONVEYOR_REDIS_URL"])
+    _Outcomes.prefix = f"{suite_name}:"
 
     class Runner(DiscoverRunner):  # type: ignore[misc]
         def get_resultclass(self) -> type[unittest.TextTestResult]:
@@ -155,9 +191,10 @@ def main(argv: list[str]) -> int:
 
     runner = Runner(verbosity=int(os.environ.get("UPSTREAM_VERBOSITY", "1")),
                     interactive=False)
-    suite = runner.build_suite(labels)
+    suite = runner.build_suite([label])
     _Outcomes.not_applying = not_applying.reasons(django.VERSION)
-    _skip_not_applying(suite, _Outcomes.not_applying)
+    _skip_not_applying(suite, _Outcomes.not_applying, _Outcomes.prefix)
+    _swap_the_worker_step(_tests(suite))
     runner.setup_test_environment()
     databases = runner.setup_databases()
     try:
