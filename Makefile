@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench deps docs docs-serve engines
+.PHONY: demo test lint bench deps docs docs-serve engines django-upstream
 
 $(BIN)/conveyor: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,12 @@ lint: $(BIN)/conveyor
 	$(BIN)/mypy
 	$(BIN)/python tests/typecheck/check.py
 	$(BIN)/python scripts/generate_sync.py --check  # _sync/ is generated from _async/
+
+# The upstream Tasks tests (Django's, django-tasks-rq's, django-tasks-db's; fetched from
+# PyPI into ~/.cache/conveyor-django) against conveyor's backend, on Django 6.1 and on 5.2
+# with the backport; part of .ci/run.
+django-upstream: deps
+	$(BIN)/python scripts/django_upstream.py
 
 # The documentation site; --strict turns a broken link or reference into an error.
 docs: $(BIN)/conveyor

@@ -19,11 +19,14 @@ from helpers import RedisServer, env_with_src
 
 from django.apps import apps  # isort: skip  (after django_setup)
 from django.db import transaction  # isort: skip
+from django.test import override_settings  # isort: skip
 from django.utils import timezone  # isort: skip
 
 from conveyor.contrib.django import ConveyorBackend, api, tasks_api
 from conveyor.contrib.django.priority import TABLE, to_conveyor_priority
+from conveyor.contrib.django.results import ordered
 from django_project import tasks
+from django_project.settings import tasks_setting
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -242,3 +245,48 @@ def test_a_listener_that_raises_in_the_worker_changes_no_outcome(
     assert tasks.add.get_result(result.id).return_value == 3
     failures = [r for r in caplog.records if r.name == "django.dispatch"]  # logged there
     assert len(failures) == 2 and all(r.exc_info for r in failures)
+
+
+# -- 9. what Django's own tests found (scripts/django_upstream.py) --------------------------
+
+
+def test_a_return_value_django_cannot_store_fails_the_task(backend: ConveyorBackend) -> None:
+    result = tasks.returns_a_function.enqueue()
+    run_worker(backend)
+    result.refresh()
+    assert result.status == tasks_api.TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class is TypeError and "Unsupported type" in error.traceback
+
+
+def test_a_task_sent_to_another_alias_runs_and_reads_back_with_it(
+        redis_server: RedisServer, namespace: str) -> None:
+    with conveyor_tasks(redis_server.url, namespace) as backend:
+        setting = {**tasks_setting(redis_server.url, namespace),
+                   "other": tasks_setting(redis_server.url, namespace)["default"]}
+        with override_settings(TASKS=setting):
+            other = tasks_api.task_backends["other"]
+            result = tasks.add.using(backend="other").enqueue(2, 5)
+            assert result.backend == "other" and result.task.backend == "other"
+            run_worker(other)
+            done = other.get_result(result.id)
+            assert (done.return_value, done.backend, done.task.backend) == (7, "other", "other")
+            assert done.task == tasks.add.using(backend="other")
+            other.app.close()
+        assert backend.get_result(result.id).return_value == 7  # same Redis and namespace
+
+
+def test_result_times_never_go_back() -> None:
+    assert ordered(10.0, 12.5, 12.4) == [10.0, 12.5, 12.5]  # a finish a moment early
+    assert ordered(10.0, 9.9, None) == [10.0, 10.0, None]
+    assert ordered(None, None, None) == [None, None, None]
+    assert ordered(10.0, None, 11.0) == [10.0, None, 11.0]
+
+
+def test_tasks_of_the_settings_package_resolve_inside_override_settings(
+        backend: ConveyorBackend) -> None:
+    # django_project is the settings' package; with it out of INSTALLED_APPS only the
+    # settings module vouches for its tasks, and override_settings hides that one.
+    with override_settings(INSTALLED_APPS=["conveyor.contrib.django"]):
+        assert backend._resolve("django_project.tasks.add") is tasks.add
+        assert backend._resolve("json.dumps") is None  # still nothing outside them

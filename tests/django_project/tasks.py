@@ -44,3 +44,9 @@ def note(url: str, key: str, label: str) -> None:
         client.rpush(key, label)
     finally:
         client.close()
+
+
+@task()
+def returns_a_function() -> Any:
+    """A return value Django cannot store (not JSON)."""
+    return lambda: True

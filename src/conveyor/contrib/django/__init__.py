@@ -70,6 +70,7 @@ from .api import (
     TaskError,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    normalize_json,
     signals,
     tasks_api,
 )
@@ -165,18 +166,19 @@ class ConveyorBackend(BaseTaskBackend):  # type: ignore[misc]
         installed app or the settings' package are imported: a job's task name comes from
         Redis, and must not be able to import arbitrary modules. The apps are those of
         ``INSTALLED_APPS``, not of the app registry, which a test case's
-        ``available_apps`` narrows while the project's tasks stay the project's."""
+        ``available_apps`` narrows while the project's tasks stay the project's. The task
+        may be declared for another backend: ``task.using(backend=...)`` sends it here."""
         from django.conf import settings
 
         roots = {str(entry).split(".")[0] for entry in settings.INSTALLED_APPS}
-        roots.add(str(getattr(settings, "SETTINGS_MODULE", "") or "").split(".")[0])
+        roots.add(_settings_module().split(".")[0])
         if module_path.split(".")[0] not in roots - {""}:
             return None
         try:
             found = import_string(module_path)
         except ImportError:
             return None
-        return found if isinstance(found, DjangoTask) and found.backend == self.alias else None
+        return found if isinstance(found, DjangoTask) else None
 
     def _call(self, module_path: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
         attempt = _attempt.get()
@@ -191,6 +193,10 @@ class ConveyorBackend(BaseTaskBackend):  # type: ignore[misc]
                     value = result.task.call(TaskContext(task_result=result), *args, **kwargs)
                 else:
                     value = result.task.call(*args, **kwargs)
+                # Stored as Django stores it, or the attempt fails: a value that is not
+                # JSON (a function, a set) raises Django's TypeError here, as with
+                # Django's own backends, instead of failing once the task looked done.
+                value = normalize_json(value)
             except BaseException as exc:
                 _failed(result, exc)
                 raise
@@ -269,8 +275,20 @@ class ConveyorBackend(BaseTaskBackend):  # type: ignore[misc]
             meta = self.app.codec.decode_meta(data)
         except Exception:
             arguments, meta = ([], {}), {}
-        task = results.task_of_meta(django_task, info.queue, meta)
+        task = results.task_of_meta(django_task, self.alias, info.queue, meta)
         return results.result_of_record(task, info, record, arguments, self.alias)
+
+
+def _settings_module() -> str:
+    """The project's settings module, also inside ``override_settings``: the settings it
+    overrides (a ``UserSettingsHolder``) say ``SETTINGS_MODULE = None``, the project's are
+    beneath them."""
+    from django.conf import UserSettingsHolder, settings
+
+    held: Any = getattr(settings, "_wrapped", settings)
+    while isinstance(held, UserSettingsHolder):
+        held = held.default_settings
+    return str(getattr(held, "SETTINGS_MODULE", "") or "")
 
 
 class _DjangoTasks(dict[str, Task[Any, Any]]):

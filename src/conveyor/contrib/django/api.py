@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["BaseTaskBackend", "DjangoTask", "InvalidTask", "TaskContext", "TaskError",
            "TaskResult", "TaskResultDoesNotExist", "TaskResultStatus", "backends_base",
-           "exceptions", "first_attribute", "signals", "tasks_api"]
+           "exceptions", "first_attribute", "normalize_json", "signals", "tasks_api"]
 
 
 def _modules() -> tuple[ModuleType, ModuleType, ModuleType, ModuleType, ModuleType]:
@@ -53,3 +53,17 @@ TaskError: Any = _base.TaskError
 TaskContext: Any = _base.TaskContext
 InvalidTask: type[Exception] = first_attribute(exceptions, "InvalidTask", "InvalidTaskError")
 TaskResultDoesNotExist: type[Exception] = exceptions.TaskResultDoesNotExist
+
+
+def _normalize_json() -> Any:
+    """Django's ``normalize_json`` (``django.utils.json`` on Django 6, the backport's
+    ``utils``): a value as Django stores it, ``TypeError`` for one it cannot."""
+    for name in ("django.utils.json", f"{tasks_api.__name__}.utils"):
+        try:
+            return importlib.import_module(name).normalize_json
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError("no normalize_json in django.utils.json or the Tasks API's utils")
+
+
+normalize_json: Any = _normalize_json()

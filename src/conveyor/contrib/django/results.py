@@ -22,7 +22,8 @@ from ...record import ARGS, HOLDER
 from .api import TaskError, TaskResult, TaskResultStatus
 
 __all__ = ["META_PRIORITY", "META_RUN_AFTER", "STATUS", "django_meta", "error_of",
-           "make_result", "payload", "result_of_record", "task_of_meta", "utc_of", "worker_ids"]
+           "make_result", "ordered", "payload", "result_of_record", "task_of_meta", "utc_of",
+           "worker_ids"]
 
 # Meta entries each job carries: the Django task's own priority and run_after, which
 # conveyor's record keeps only folded (0-9) and in milliseconds.
@@ -49,9 +50,10 @@ def django_meta(task: Any) -> dict[str, str]:
     return meta
 
 
-def task_of_meta(task: Any, queue: str, meta: Mapping[str, str]) -> Any:
-    """``task`` with the priority, queue and run_after its job was enqueued with."""
-    changes: dict[str, Any] = {"queue_name": queue}
+def task_of_meta(task: Any, backend: str, queue: str, meta: Mapping[str, str]) -> Any:
+    """``task`` with the backend, priority, queue and run_after its job was enqueued
+    with."""
+    changes: dict[str, Any] = {"queue_name": queue, "backend": backend}
     if META_PRIORITY in meta:
         changes["priority"] = int(meta[META_PRIORITY])
     if META_RUN_AFTER in meta:
@@ -96,14 +98,30 @@ def result_of_record(task: Any, info: JobInfo, record: Mapping[bytes, bytes],
     """The result of the job ``info`` describes, ``record`` being its raw hash."""
     status = STATUS[info.state]
     errors = [error_of(info.error or info.state.value)] if status == "FAILED" else []
-    started = utc_of(info.started_at)
+    enqueued, started, finished = ordered(info.enqueued_at, info.started_at, info.finished_at)
     result = make_result(task, info.id, arguments[0], arguments[1], backend, status,
-                         enqueued_at=utc_of(info.enqueued_at), started_at=started,
-                         last_attempted_at=started, finished_at=utc_of(info.finished_at),
+                         enqueued_at=utc_of(enqueued), started_at=utc_of(started),
+                         last_attempted_at=utc_of(started), finished_at=utc_of(finished),
                          errors=errors, worker_ids=worker_ids(info, record))
     if status == "SUCCESSFUL":
         object.__setattr__(result, "_return_value", info.result)
     return result
+
+
+def ordered(*times: float | None) -> list[float | None]:
+    """``times`` (enqueued, started, finished) made never to go back, as Django's results
+    promise. The record's enqueue and finish stamps are the server's ``TIME``; the start
+    is the worker's reckoning of the server's clock (its offset, taken from fetch replies,
+    plus its own monotonic clock), which a short run can put a millisecond past the
+    finish."""
+    latest: float | None = None
+    kept: list[float | None] = []
+    for stamp in times:
+        if stamp is not None and latest is not None:
+            stamp = max(stamp, latest)
+        latest = stamp if stamp is not None else latest
+        kept.append(stamp)
+    return kept
 
 
 def payload(record: Mapping[bytes, bytes]) -> bytes:
