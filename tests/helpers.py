@@ -44,6 +44,21 @@ def wait_until(condition: Callable[[], Any], timeout: float = 10.0, interval: fl
         time.sleep(interval)
 
 
+def record_field(app: conveyor.Conveyor, job_id: str, field: str) -> bytes | None:
+    """One field of a job's record, read as stored."""
+    queue, short = job_id.split("~", 1)
+    value: bytes | None = app.redis.hget(app.keys(queue).job_prefix + short, field)
+    return value
+
+
+def start_told(app: conveyor.Conveyor, job_id: str) -> bool:
+    """Whether the worker holding ``job_id`` told Redis that its run began (heartbeat.lua):
+    from then on, a lost lease of the job is charged an attempt."""
+    queue, short = job_id.split("~", 1)
+    token, told = app.redis.hmget(app.keys(queue).job_prefix + short, "token", "rs")
+    return bool(token) and token == told
+
+
 class RedisServer:
     """A private redis-server on a free port in its own folder."""
 

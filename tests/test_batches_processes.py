@@ -17,7 +17,7 @@ import pytest
 import conveyor
 from apps.batch_app import hold_key, ledger_key, make_app
 from conveyor import JobState
-from helpers import RedisServer, env_with_src, stop_processes, wait_until
+from helpers import RedisServer, env_with_src, start_told, stop_processes, wait_until
 
 CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
 HERE = Path(__file__).parent
@@ -77,6 +77,9 @@ def test_a_worker_killed_mid_call_leaves_every_item_to_run_again_once(
         # Two calls (max=20, -c 2) both under way: every job is in a call when killed.
         wait_until(lambda: len([e for e in ledger() if e.startswith("start")]) == 30, 20,
                    message="both calls under way")
+        # Once told that the runs began, Redis charges the lost leases an attempt each.
+        wait_until(lambda: all(start_told(bapp, j.id) for j in jobs), 10,
+                   message="the starts told")
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         assert not any(e.startswith("done") for e in ledger())
@@ -102,6 +105,7 @@ def test_a_stalled_workers_late_outcomes_are_refused_item_by_item(
     stalled = workers.start()
     wait_until(lambda: len([e for e in workers.ledger() if e.startswith("start")]) == 10, 20,
                message="the call under way")
+    wait_until(lambda: all(start_told(bapp, j.id) for j in jobs), 10, message="the starts told")
     stalled.send_signal(signal.SIGSTOP)  # its heartbeats stop: the leases run out
     bapp.redis.delete(hold_key(ns))
     other = workers.start()

@@ -154,7 +154,7 @@ def test_a_fetch_replaces_the_registration_with_the_slots_it_leaves_free(
 def test_a_hand_off_entry_carries_any_bytes() -> None:
     args = b"\x00:12:\xff\x93[1,2]"
     fields = [b"1800000000000.000", b"1800000005000", b"1", b"dead1", b"0",
-              b"a", b"1.x", b"t", args, b"1", b"4", b"1.5", b"", b"30000"]
+              b"a", b"1.x", b"t", args, b"1", b"4", b"1.5", b"", b"30000", b""]
     entry = b"".join(b"%d:%s" % (len(f), f) for f in fields)
     parsed = calls.parse_handoff(entry)
     assert parsed.dead == ["dead1"] and parsed.trimmed == []

@@ -83,6 +83,10 @@ class Model:
     key: str = ""  # dedupe key it was enqueued with
     dead_at: float = 0.0  # ms, when it last died: the dead set's order (then by id)
     cancel: bool = False  # a cancel was asked while it ran
+    # DESIGN 5, an attempt is charged only for a run that started: the holder said (with a
+    # heartbeat) that the current lease's run began; a lease lost before that is given back
+    began: bool = False
+    unstarted: int = 0  # leases lost before their run began; then runs say so first
     snoozes: int = 0
     progress: float | None = None
     steps: set[str] = field(default_factory=set)
@@ -413,16 +417,23 @@ class QueueMachine(RuleBasedStateMachine):
             model = self.jobs[job.short_id]
             model.order = None
             assert job.token not in model.tokens, "a fencing token was handed out twice"
-            model.state, model.lease = "active", self.now + VT
+            model.state, model.lease, model.began = "active", self.now + VT, False
             model.attempts += 1
             model.tokens.append(job.token)
             assert job.attempts == model.attempts
+            assert job.confirm == (model.unstarted > 0), "a run that must tell its start"
 
     def _reclaim_and_promote(self) -> None:
         for short_id, model in self.jobs.items():
-            if model.state == "active" and model.lease <= self.now and model.cancel:
+            expired = model.state == "active" and model.lease <= self.now
+            if expired and not model.began:  # the attempt is given back
+                model.attempts -= 1
+                model.unstarted += 1
+            if expired and model.cancel:
                 self._set(short_id, "cancelled")  # its holder never learned of the cancel
-            elif model.state == "active" and model.lease <= self.now:
+            elif expired and not model.began:
+                self._set(short_id, "ready")
+            elif expired:
                 self._set(short_id, "dead" if model.attempts >= model.max_attempts else "ready")
             elif model.state in ("scheduled", "retrying") and model.due <= self.now \
                     and not model.waiting:
@@ -506,15 +517,17 @@ class QueueMachine(RuleBasedStateMachine):
             model.steps.add(name)
 
     @precondition(lambda self: self._active())
-    @rule(data=st.data(), stale=st.booleans())
-    def heartbeat(self, data: st.DataObject, stale: bool) -> None:
+    @rule(data=st.data(), stale=st.booleans(), began=st.booleans())
+    def heartbeat(self, data: st.DataObject, stale: bool, began: bool) -> None:
+        """A holder's heartbeat, also telling that the lease's run began."""
         short_id = data.draw(st.sampled_from(self._active()))
         model = self.jobs[short_id]
         token = model.tokens[-1] + ("x" if stale else "")
-        codes = self.run(calls.heartbeat(self.k, [(short_id, token, VT)], now=self.now))
+        codes = self.run(calls.heartbeat(self.k, [(short_id, token, VT, began)], now=self.now))
         assert codes == [0 if stale else (calls.BEAT_CANCEL if model.cancel else 1)]
         if not stale:
             model.lease = self.now + VT
+            model.began = model.began or began
 
     @precondition(lambda self: self._active())
     @rule(data=st.data(), interrupted=st.booleans())

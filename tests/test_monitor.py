@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import conveyor
-from helpers import RedisServer, env_with_src, running_worker, wait_until
+from helpers import RedisServer, env_with_src, running_worker, start_told, wait_until
 from monitor_app import make_app
 
 CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
@@ -78,6 +78,8 @@ def test_active_stays_non_negative_when_a_worker_is_killed_mid_job(
     try:
         wait_until(lambda: mapp.monitor.active("block") == 4, timeout=20,
                    message="4 active in the worker process")
+        wait_until(lambda: all(start_told(mapp, j.id) for j in jobs), timeout=10,
+                   message="the worker told Redis that the runs began")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         # The dead worker's leases still stand: its jobs count as active until reclaimed.

@@ -143,6 +143,7 @@ class Keyed:
     max_attempts: int
     state: str = "ready"
     attempts: int = 0
+    began: bool = False  # the holder told that the current lease's run began
     token: str = ""
     cancel: bool = False  # asked while it ran
     dead_at: float = 0.0
@@ -183,20 +184,29 @@ class DedupeMachine(RuleBasedStateMachine):
             assert stored == [(short_id, True)]
             self.jobs[short_id] = Keyed(key, attempts)
 
+    def _leases_expire(self) -> None:
+        """The next fetch reclaims every lease (their time passed)."""
+        for short_id, job in self.jobs.items():
+            if job.state != "active":
+                continue
+            if not job.began:  # DESIGN 5: an attempt is charged only for a run that started
+                job.attempts -= 1
+            if job.cancel:
+                job.state = "cancelled"
+            elif not job.began:
+                job.state = "ready"
+            elif job.attempts >= job.max_attempts:
+                self._dies(short_id)
+            else:
+                job.state = "ready"
+
     @rule(data=st.data(), count=st.integers(1, 3), expire=st.booleans())
     def fetch_and_finish(self, data: st.DataObject, count: int, expire: bool) -> None:
         """A fetch (after the leases lapse, when ``expire``), then an outcome for some of
         the jobs it leased; the others stay active."""
         if expire:
             self.now += VT + 1
-            for short_id, job in self.jobs.items():
-                if job.state == "active":  # reclaimed by the fetch
-                    if job.cancel:
-                        job.state = "cancelled"
-                    elif job.attempts >= job.max_attempts:
-                        self._dies(short_id)
-                    else:
-                        job.state = "ready"
+            self._leases_expire()
         for job in self.jobs.values():
             if job.state == "retrying":  # due at once: promoted by the fetch
                 job.state = "ready"
@@ -208,8 +218,13 @@ class DedupeMachine(RuleBasedStateMachine):
         for short_id, lease in sorted(leased.items()):
             job = self.jobs[short_id]
             job.state, job.attempts, job.token = "active", job.attempts + 1, lease.token
+            job.began = False
             outcome = data.draw(st.sampled_from(["ok", "retry", "dead", "none"]))
-            if outcome == "none":
+            if outcome == "none":  # it stays active; its run began, and was told, or not
+                job.began = data.draw(st.booleans())
+                if job.began:
+                    assert self.app.scripts.run(calls.heartbeat(
+                        self.k, [(short_id, lease.token, VT, True)], now=self.now)) == [1]
                 continue
             done = self.app.scripts.run(calls.finish(self.k, [calls.Outcome(
                 short_id, lease.token, outcome, self.now / 1000, b"1")], self.app.limits,

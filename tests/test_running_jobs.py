@@ -25,7 +25,7 @@ import conveyor
 from conveyor.context import JobContext
 from conveyor.scripts import calls
 from conveyor.worker.executor import Held
-from helpers import RedisServer, env_with_src, running_worker, wait_until
+from helpers import RedisServer, env_with_src, running_worker, start_told, wait_until
 from running_app import make_app
 
 CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
@@ -198,6 +198,7 @@ def test_cancel_while_the_holder_is_stopped_takes_effect_when_its_lease_expires(
     workers.append(stopped)
     job = rapp.tasks["hold"].enqueue("h1", 3.0)
     wait_until(lambda: "start:h1:1" in ledger(rapp), 30, message="the job started")
+    wait_until(lambda: start_told(rapp, job.id), 10, message="the start told")
     stopped.signal(signal.SIGSTOP)
     assert job.cancel() is True
     assert state_of(job) == "active"  # nobody heartbeats: the cancel waits for the lease
@@ -274,6 +275,9 @@ def test_steps_resume_after_sigkill_and_steps_before_ran_once(
     workers.append(first)
     job = rapp.tasks["three_steps"].enqueue("k1")
     wait_until(lambda: "after-two:k1:1" in ledger(rapp), 30, message="steps 1-2 done")
+    # Once the worker told Redis that the run began, its lost lease is charged an attempt
+    # (the task sleeps on its first attempt only).
+    wait_until(lambda: start_told(rapp, job.id), 10, message="the start told")
     first.signal(signal.SIGKILL)
     first.proc.wait(10)
     workers.append(WorkerProcess(rapp, tmp_path / "second.log"))

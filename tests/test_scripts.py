@@ -36,6 +36,12 @@ def finish(app: conveyor.Conveyor, *outcomes: calls.Outcome, now: float | None =
     return app.scripts.run(calls.finish(app.keys(Q), outcomes, app.limits, now=now))
 
 
+def began(app: conveyor.Conveyor, *jobs: calls.Leased, now: float | None = None) -> list[int]:
+    """Tell Redis that the runs of ``jobs`` began, as a worker's heartbeat does."""
+    leases = [(j.short_id, j.token, j.visibility_ms, True) for j in jobs]
+    return app.scripts.run(calls.heartbeat(app.keys(Q), leases, now=now))
+
+
 def state(app: conveyor.Conveyor, short: str) -> str:
     return app.redis.hget(app.keys(Q).job(short), "s").decode()
 
@@ -121,6 +127,7 @@ def test_due_delayed_job_goes_ahead_of_waiting_jobs(app: conveyor.Conveyor) -> N
 def test_expired_lease_is_reclaimed_and_old_token_refused(app: conveyor.Conveyor) -> None:
     enqueue(app, new("a", visibility_ms=1000), now=0)
     first = fetch(app, now=0).jobs[0]
+    began(app, first, now=10)
     second = fetch(app, now=2000).jobs[0]  # the lease ran out: another worker takes it
     assert second.short_id == "a" and second.attempts == 2 and second.token != first.token
     done = finish(app, calls.Outcome("a", first.token, "ok", 0.5, b"1"), now=2100)
@@ -130,9 +137,33 @@ def test_expired_lease_is_reclaimed_and_old_token_refused(app: conveyor.Conveyor
     assert app.job(f"{Q}~a").info().result == 2
 
 
+def test_a_lease_lost_before_its_run_was_told_to_begin_gives_its_attempt_back(
+        app: conveyor.Conveyor) -> None:
+    # DESIGN 5: an attempt is charged only for a run that started. A worker tells Redis
+    # that a run began with a heartbeat; a lease lost before that (the worker died with the
+    # job still waiting for a slot) costs no attempt, also on the last attempt.
+    enqueue(app, new("a", visibility_ms=10, max_attempts=1), now=0)
+    first = fetch(app, now=0).jobs[0]
+    assert not first.confirm
+    again = fetch(app, now=100)
+    assert again.dead == [] and [j.short_id for j in again.jobs] == ["a"]
+    second = again.jobs[0]
+    assert second.attempts == 1 and second.confirm  # its next run tells its start first
+    record = app.redis.hgetall(app.keys(Q).job_prefix + "a")
+    assert record[b"lost"] == b"1" and record[b"lu"] == b"1"
+    # A told start of a stale lease marks nothing; the current lease's does.
+    assert began(app, first, now=101) == [calls.BEAT_LOST]
+    assert b"rs" not in app.redis.hgetall(app.keys(Q).job_prefix + "a")
+    assert began(app, second, now=101) == [calls.BEAT_KEPT]
+    got = fetch(app, now=1000)  # told, then lost: charged, and this was the last attempt
+    assert got.dead == ["a"]
+    info = app.job(f"{Q}~a").info()
+    assert info.attempts == 1 and "lease expired" in (info.error or "")
+
+
 def test_lost_lease_on_last_attempt_goes_dead(app: conveyor.Conveyor) -> None:
     enqueue(app, new("a", visibility_ms=10, max_attempts=1), now=0)
-    fetch(app, now=0)
+    began(app, *fetch(app, now=0).jobs, now=1)
     got = fetch(app, now=100)
     assert got.dead == ["a"] and got.jobs == []
     info = app.job(f"{Q}~a").info()
@@ -272,7 +303,7 @@ def test_every_finished_event_carries_the_trace_id(app: conveyor.Conveyor) -> No
     # holder died after it was asked to cancel.
     enqueue(app, new("lost", trace=TRACE, visibility_ms=10, max_attempts=1),
             new("lapsed", trace=TRACE, visibility_ms=10), now=200)
-    fetch(app, now=200)
+    began(app, *fetch(app, now=200).jobs, now=200)
     assert app.scripts.run(calls.cancel(app.keys(Q), "lapsed", app.limits, now=201)) == "active"
     got = fetch(app, now=1000)
     assert got.dead == ["lost"]

@@ -80,7 +80,9 @@ def test_a_job_taken_off_its_hand_off_list_uses_its_attempt_when_its_lease_ends(
     t0 = float(app.redis.time()[0]) * 1000
     app.scripts.run(calls.register_waiter(k, "taker", 2, WAITER_TTL_MS, now=t0))
     _enqueue(app, "taken", t0 + 1, visibility_ms=1000)
-    assert app.redis.lpop(k.handoff("taker"))  # the worker took it, then died running it
+    entry = app.redis.lpop(k.handoff("taker"))  # the worker took it, then died running it
+    (leased,) = calls.parse_handoff(entry).jobs
+    app.scripts.run(calls.heartbeat(k, [("taken", leased.token, 1000, True)], now=t0 + 2))
     fetched = app.scripts.run(calls.fetch(k, 5, app.limits, now=t0 + 5000))
     assert [(j.short_id, j.attempts) for j in fetched.jobs] == [("taken", 2)]
     assert "lease expired" in _record(app, "taken")["error"]

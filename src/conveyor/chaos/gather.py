@@ -73,14 +73,15 @@ def job_records(client: Any, keys: Callable[[str], QueueKeys],
         with client.pipeline(transaction=False) as pipe:
             for _, (_, job) in part:
                 pipe.hmget(keys(job.queue).job(job.short_id), STATE, "attempts", "error",
-                           "sig:" + SIGNAL, "w:" + SIGNAL, "lost", *REFUNDS)
+                           "sig:" + SIGNAL, "w:" + SIGNAL, "lost", "lu", *REFUNDS)
             replies = pipe.execute()
-        for (label, (kind, job)), (state, attempts, error, left, taken, lost, *refunds) in zip(
-                part, replies, strict=True):
+        for (label, (kind, job)), (state, attempts, error, left, taken, lost, unstarted,
+                                   *refunds) in zip(part, replies, strict=True):
             out.append(JobRecord(label, kind, job.id, _text(state), int(attempts or 0),
                                  _text(error), wins[job.queue][job.short_id],
                                  sum(int(n or 0) for n in refunds), int(refunds[-1] or 0),
-                                 left is not None, taken is not None, int(lost or 0)))
+                                 left is not None, taken is not None, int(lost or 0),
+                                 int(unstarted or 0)))
     return out
 
 

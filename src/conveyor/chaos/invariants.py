@@ -69,6 +69,8 @@ class JobRecord:
     signal_left: bool = False  # a signal kept in the mailbox, never consumed
     signal_taken: bool = False  # the wait for the signal has its outcome recorded
     lost: int = 0  # leases the record says were lost (their holder died or stalled)
+    # of those, leases given back as their run was not known to begin (include/maintain.lua)
+    unstarted: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +118,10 @@ class Summary:
     poison: int
     runs: int
     reexecutions: int  # runs of work jobs beyond one each
-    # leases of work jobs beyond one each: attempts, and those given back for runs that
-    # started (a run a stopping worker handed back), beyond one (each one a lost lease or
-    # a run handed back: a work task never fails)
+    # leases of work jobs beyond one each: attempts, those given back for runs that
+    # started (a run a stopping worker handed back) and those lost before their run was
+    # told to begin, beyond one (each one a lost lease or a run handed back: a work task
+    # never fails)
     lost_leases: int
     bound: int  # leases the faults could cost: the sum of their reaches
     lost_jobs: int  # jobs not in a final state
@@ -219,22 +222,20 @@ def _successes(ev: Evidence, runs: Counter[str]) -> list[Check]:
                  if j.state == "succeeded" and j.label not in completed]
     extra_runs = [f"{_describe(j)}, {j.refunds} refunded: {runs[j.label]} runs"
                   for j in ev.jobs if runs[j.label] > j.attempts + j.refunds]
-    # A job leased to a worker that was killed or stopped before it started the run has
-    # its attempt charged when the lease expires (DESIGN 2: a lost lease uses an attempt;
-    # the record counts its lost leases); the run table counts them ("attempts charged
-    # without a run"). Any other charge without a run is a broken promise.
-    charged = [f"{_describe(j)}, {j.refunds} refunded, {j.lost} lease(s) lost:"
-               f" {runs[j.label]} run(s)"
+    # DESIGN 5: an attempt is charged only for a run that started. A lease lost before its
+    # worker told Redis that the run began gives its attempt back ('lu' on the record).
+    charged = [f"{_describe(j)}, {j.refunds} refunded, {j.lost} lease(s) lost"
+               f" ({j.unstarted} before their run was told): {runs[j.label]} run(s)"
                + (f" (last error: {j.error.splitlines()[0][:80]})" if j.error else "")
-               for j in ev.jobs if _charged(j, runs) > j.lost]
+               for j in ev.jobs if _charged(j, runs) > 0]
     return [
         _verdict("at most one success recorded per job", doubles, "none twice"),
         _verdict("every success had a run that completed", unfounded, "all did"),
         _stored_once(ev),
         _verdict("every run had a lease of its own (runs <= attempts + refunded)", extra_runs,
                  "all did"),
-        _verdict("no attempt charged without a run but for a lost lease"
-                 " (attempts + refunded <= runs)", charged, "none"),
+        _verdict("no attempt charged without a run (attempts + refunded <= runs)", charged,
+                 "none"),
         _verdict("no job ran twice at once in one process", _overlaps(ev.ledger), "none"),
     ]
 
@@ -359,7 +360,8 @@ def summarize(ev: Evidence) -> Summary:
         poison=len(ev.jobs) - len(work),
         runs=sum(runs.values()),
         reexecutions=sum(max(0, runs[j.label] - suspended[j.label] - 1) for j in work),
-        lost_leases=sum(max(0, j.attempts + j.refunds - j.suspends - 1) for j in work),
+        lost_leases=sum(max(0, j.attempts + j.refunds + j.unstarted - j.suspends - 1)
+                        for j in work),
         bound=sum(f.reach for f in ev.faults),
         lost_jobs=sum(j.state not in FINAL for j in ev.jobs),
         states=dict(Counter(j.state or "missing" for j in ev.jobs)),

@@ -47,8 +47,9 @@
 -- Limits (flow.lua) are decided here, atomically with priorities and tenant turns; the next
 -- due time includes when a parked tenant or the queue's bucket has a token again.
 -- Returns: { now_ms, next_due_ms ('' if none), dead short ids (lost leases, bad records),
---            jobs: flat, 9 fields each: short id, token, task, args, attempts,
---            max_attempts, enqueued_at, run_at, vt;
+--            jobs: flat, 10 fields each: short id, token, task, args, attempts,
+--            max_attempts, enqueued_at, run_at, vt, '1' if the run must tell its start
+--            before it begins (heartbeat.lua) else '';
 --            short ids of dead letters deleted by the cap meanwhile,
 --            1 if limits held back ready jobs (a burst worker waits for them) else 0,
 --            short ids of jobs that expired (include/expiry.lua) }

@@ -2,12 +2,17 @@
 -- Extend the leases of jobs a worker is still running. Only the holder of the current
 -- token may extend; a lease that was reclaimed stays lost and its job runs elsewhere.
 -- A job someone asked to cancel answers 2: the holder stops it and records the end.
+-- A lease whose run has begun says so once (started '1'): the record keeps that lease's
+-- token as 'rs', so that a fetch reclaiming the lease later charges its attempt, and
+-- gives back the attempt of a lease whose run was never known to begin
+-- (include/maintain.lua).
 --
 -- K.job_prefix
 -- K.leases
 -- K.cancelling
 -- A.now           '' for the server clock (ms override, tests only)
--- A.leases        number of leases that follow, 3 fields each: short id, token, extend_ms
+-- A.leases        number of leases that follow, 4 fields each: short id, token, extend_ms,
+--                 started ('1': its run has begun, '' otherwise)
 -- Returns: one code per lease: 1 extended, 0 lost (the token is no longer current),
 --          2 extended, and the job is to be cancelled
 --@include clock
@@ -34,6 +39,9 @@ for i = 0, n - 1 do
   local f = redis.pcall('HMGET', job_prefix .. id, 's', 'token', 'cancel')
   if f[1] == 'active' and f[2] == ARGV[base + ITEM.token] then
     redis.call('ZADD', leases, 'XX', now + tonumber(ARGV[base + ITEM.extend_ms]), id)
+    if ARGV[base + ITEM.started] == '1' then
+      redis.call('HSET', job_prefix .. id, 'rs', f[2])
+    end
     if f[3] then
       redis.call('ZREM', cancelling, id)  -- delivered: holders need not beat sooner for it
       codes[#codes + 1] = 2

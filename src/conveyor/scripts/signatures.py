@@ -243,6 +243,7 @@ class HeartbeatItem(NamedTuple):
     short_id: str
     token: str
     extend_ms: int
+    started: str  # '1' once the lease's run has begun (told once), else ''
 
 
 class ReleaseItem(NamedTuple):

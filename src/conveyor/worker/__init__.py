@@ -160,7 +160,8 @@ class Worker:
             app, self.clock, self.concurrency, max_jobs=self.max_jobs,
             processed=self._processed, supervised=self.supervised, progress=self.progress,
             record=self.outbox.add, on_freed=lambda queue, empty: consumer.freed(queue, empty),
-            on_back=lambda: consumer.wake_all(), on_quota=self._ran_quota)
+            on_back=lambda: consumer.wake_all(), on_quota=self._ran_quota,
+            tell_start=lambda held: self.lease_keeper.tell_start(held))
         # A job is held until its outcome is acknowledged: running here, or its outcome
         # waiting in the outbox.
         self.lease_keeper = LeaseKeeper(

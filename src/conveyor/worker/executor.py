@@ -47,6 +47,12 @@ class Held:
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
     next_beat: float | None = None  # loop time its lease is next due for a heartbeat
     lease_lost: bool = False
+    # Telling Redis that the lease's run began (heartbeat.lua): once told, a lost lease is
+    # charged an attempt. ``tell_by``: loop time by which the heartbeat tells it; ``telling``:
+    # told before the run begins (a job that lost a lease before, see Leased.confirm).
+    start_told: bool = False
+    tell_by: float | None = None
+    telling: bool = False
     batch: bool = False  # a job of a batch task: gathered, then run in a call of many
     # Set (from the heartbeat) once someone cancelled the job; the task's context reads it.
     cancel_requested: bool = False

@@ -17,6 +17,11 @@ from a queue, :meth:`LeaseKeeper.catch_up` beats that queue's leases whose heart
 overdue (the loop could not reach Redis for a while): once Redis is back, the worker's own
 fetch never takes from it a job it still holds.
 
+A heartbeat also tells Redis, once, that a lease's run has begun (within about a second of
+its start, with the beats then due): a lease lost after that is charged an attempt, one lost
+before is not (include/maintain.lua). A job that lost a lease before its start was told
+tells it before its run begins (:meth:`LeaseKeeper.tell_start`).
+
 A cancel of a running job reaches its holder with a heartbeat. So that it lands within a
 second or two rather than a third of the visibility timeout, the loop also looks, every
 ``CANCEL_POLL`` seconds while it holds jobs, whether any of them is in its queue's
@@ -42,14 +47,22 @@ log = logging.getLogger("conveyor.worker")
 IDLE_WAIT = 5.0  # seconds between looks when nothing is held (a lease wakes it sooner)
 CANCEL_POLL = 0.5  # seconds between looks for cancels of held jobs
 BATCH_WINDOW = 0.25  # fraction of a job's interval by which it may be beaten early
+START_TELL = 0.5  # seconds: the loop looks this often for runs that began, and tells them
+# so this long after it saw them (runs shorter than that end before: their outcome tells)
 
 # What a heartbeat call was for: the held jobs and the leases it extends, in order.
-Beat = tuple[list[Held], list[tuple[str, str, int]]]
+Beat = tuple[list[Held], list[tuple[str, str, int, bool]]]
 
 
 def beat_interval(held: Held) -> float:
     """Seconds between heartbeats of ``held``: a third of its visibility timeout."""
     return max(0.05, held.leased.visibility_ms / 3000)
+
+
+def _untold(held: Held) -> bool:
+    """Whether ``held``'s run began (or is about to) and Redis has not been told."""
+    return (held.started_at is not None or held.telling) and not held.start_told \
+        and not held.lease_lost
 
 
 class LeaseKeeper:
@@ -88,8 +101,14 @@ class LeaseKeeper:
             for held in jobs:
                 if held.next_beat is None:
                     held.next_beat = now + beat_interval(held)
+                if held.tell_by is None and _untold(held):
+                    held.tell_by = now + START_TELL
             wait = min((h.next_beat for h in jobs if h.next_beat is not None),
                        default=now + IDLE_WAIT)
+            if any(not h.start_told for h in jobs):  # a run may begin meanwhile
+                wait = min([wait, now + START_TELL]
+                           + [h.tell_by for h in jobs if h.tell_by is not None
+                              and _untold(h)])
             if jobs and self._client is not None:
                 wait = min(wait, next_poll)
             self._leased.clear()
@@ -102,7 +121,9 @@ class LeaseKeeper:
                     next_poll = now + CANCEL_POLL
                     await self._look_for_cancels(jobs, now)
                 due = [h for h in jobs if h.next_beat is not None
-                       and h.next_beat - BATCH_WINDOW * beat_interval(h) <= now]
+                       and (h.next_beat - BATCH_WINDOW * beat_interval(h) <= now
+                            or (h.tell_by is not None and h.tell_by <= now
+                                and _untold(h)))]
                 await self._beat(due, now)
                 failures = 0
             except REDIS_ERRORS as exc:
@@ -127,6 +148,24 @@ class LeaseKeeper:
             await self._beat(late, now, queues=[queue])
         except REDIS_ERRORS as exc:
             log.debug("could not extend the leases of %s before a fetch: %s", queue, exc)
+
+    async def tell_start(self, held: Held) -> bool:
+        """Tell Redis that ``held``'s run begins, before it does (its job lost a lease
+        before its start was told: see ``Leased.confirm``). Tried again while Redis cannot
+        be reached; False once the lease is lost or the job withdrawn (it must not run)."""
+        held.telling = True
+        failures = 0
+        while not held.lease_lost and not held.withdrawn:
+            try:
+                await self._beat([held], self._clock(), queues=[held.queue])
+                return held.start_told and not held.lease_lost
+            except REDIS_ERRORS as exc:
+                failures += 1
+                pause = min(pause_after(failures), beat_interval(held) / 2)
+                log.warning("could not tell the start of job %s (%s: %s); retrying in"
+                            " %.2f s", held.leased.short_id, type(exc).__name__, exc, pause)
+                await asyncio.sleep(pause)
+        return False
 
     async def _look_for_cancels(self, jobs: list[Held], now: float) -> None:
         """Make the held jobs that someone asked to cancel due for a heartbeat now."""
@@ -172,7 +211,7 @@ class LeaseKeeper:
             codes = await self._doubts.send(self._runner, queue, doubt.call)
             self._beaten(queue, doubt.carried, codes, now)
         if jobs:
-            leases = [(h.leased.short_id, h.leased.token, h.leased.visibility_ms)
+            leases = [(h.leased.short_id, h.leased.token, h.leased.visibility_ms, _untold(h))
                       for h in jobs]
             beat: Beat = (jobs, leases)
             call = calls.heartbeat(self._keys(queue), leases)
@@ -186,6 +225,8 @@ class LeaseKeeper:
             if held.leased.token != lease[1]:
                 continue  # leased again meanwhile: the next beat carries the new token
             held.next_beat = now + beat_interval(held)
+            if code and lease[3]:
+                held.start_told = True
             if code == calls.BEAT_CANCEL:
                 self._on_cancel(held)
             elif not code and not held.lease_lost:

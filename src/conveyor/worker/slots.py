@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..clock import ServerClock
@@ -51,6 +51,8 @@ class Slots:
     :param on_back: called when a run that overran its timeout, or was cancelled, returns
         its thread, and so its slot
     :param on_quota: called each time a run ends once ``max_jobs`` runs have ended
+    :param tell_start: tells Redis that a held job's run begins, before it does (for a job
+        that lost a lease before its start was told); False: its lease is lost, no run
     """
 
     def __init__(self, app: Conveyor, clock: ServerClock, concurrency: int, *,
@@ -59,8 +61,10 @@ class Slots:
                  record: Callable[[str, calls.Outcome, Held], None],
                  on_freed: Callable[[str, bool], None] = lambda _queue, _empty: None,
                  on_back: Callable[[], None] = lambda: None,
-                 on_quota: Callable[[], None] = lambda: None) -> None:
+                 on_quota: Callable[[], None] = lambda: None,
+                 tell_start: Callable[[Held], Awaitable[bool]] | None = None) -> None:
         self._tasks = app.tasks
+        self._tell_start = tell_start
         self._clock = clock
         self.concurrency = concurrency
         self.max_jobs = max_jobs
@@ -137,11 +141,35 @@ class Slots:
             log.warning("job %s was leased again while it still runs here: the run goes on"
                         " under the new lease", leased.short_id)
             running.leased, running.lease_lost, running.next_beat = leased, False, None
+            running.start_told, running.tell_by = False, None
             self.leased.set()
             return
         held = Held(queue, leased)
         self.held[(queue, leased.short_id)] = held
         self.leased.set()
+        if leased.confirm and self._tell_start is not None:
+            held.task = asyncio.create_task(self._tell_then_run(held))
+        else:
+            self._run(held)
+
+    async def _tell_then_run(self, held: Held) -> None:
+        """Run ``held`` once Redis knows that its run begins; drop it if its lease is lost
+        first (it runs elsewhere) or a stop took it back."""
+        assert self._tell_start is not None
+        told = await self._tell_start(held)
+        key = (held.queue, held.leased.short_id)
+        if self.held.get(key) is not held or held.withdrawn:
+            return  # a stop took it back (and hands it back itself)
+        if not told:
+            self._release(key, held)
+            self._on_freed(held.queue, not self.held)
+            self.freed.set()
+            return
+        self._run(held)
+
+    def _run(self, held: Held) -> None:
+        """Start ``held``'s run (a batch task's job: gather it for a call)."""
+        leased = held.leased
         if self._is_batch(leased):
             held.batch = True
             self.batches.held += 1

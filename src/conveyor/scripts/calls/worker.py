@@ -48,6 +48,9 @@ class Leased:
     run_at: float
     visibility_ms: int
     problem: str | None = None
+    # The job lost a lease before its run was known to begin: this run tells Redis that it
+    # begins before it does (so a job that kills its worker is charged an attempt).
+    confirm: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +84,12 @@ def _int(value: Any, default: int) -> int:
         return default
 
 
+# Reply fields per leased job (include/lease.lua's LEASE_FIELDS).
+LEASE_FIELDS = 10
+
+
 def _leased(f: Sequence[Any]) -> Leased:
-    """One leased job from its 9 reply fields; never raises (see ``Leased.problem``)."""
+    """One leased job from its reply fields; never raises (see ``Leased.problem``)."""
     short_id, token, task, args = f[0], f[1], f[2], f[3]
     if type(short_id) is bytes and type(token) is bytes and type(task) is bytes \
             and type(args) is bytes:
@@ -90,7 +97,8 @@ def _leased(f: Sequence[Any]) -> Leased:
             enqueued_at = _float(f[6]) / 1000  # stored in ms
             return Leased(short_id.decode(), token.decode(), task.decode(), args,
                           _int(f[4], 1), _int(f[5], 1), enqueued_at,
-                          _float(f[7], enqueued_at), _int(f[8], 30_000))
+                          _float(f[7], enqueued_at), _int(f[8], 30_000), None,
+                          f[9] == b"1")
         except UnicodeDecodeError:
             pass
     return _leased_checked(f)
@@ -112,7 +120,7 @@ def _leased_checked(f: Sequence[Any]) -> Leased:
         short_id=texts[0], token=texts[1], task=texts[2], args=args,
         attempts=_int(f[4], 1), max_attempts=_int(f[5], 1),
         enqueued_at=enqueued_at, run_at=_float(f[7], enqueued_at),
-        visibility_ms=_int(f[8], 30_000), problem=problem,
+        visibility_ms=_int(f[8], 30_000), problem=problem, confirm=f[9] in (b"1", "1"),
     )
 
 
@@ -122,7 +130,7 @@ def _parse_fetch(reply: list[Any]) -> Fetched:
         now_ms=float(now),
         next_due_ms=float(next_due) if next_due not in (b"", "") else None,
         dead=[_text(d) for d in dead],
-        jobs=[_leased(flat[i:i + 9]) for i in range(0, len(flat), 9)],
+        jobs=[_leased(flat[i:i + LEASE_FIELDS]) for i in range(0, len(flat), LEASE_FIELDS)],
         trimmed=[_text(t) for t in trimmed],
         held=bool(int(held)),
         expired=[_text(e) for e in expired],
@@ -132,7 +140,7 @@ def _parse_fetch(reply: list[Any]) -> Fetched:
 def parse_handoff(entry: bytes) -> Fetched:
     """A hand-off list entry (include/handoff.lua): fields framed as ``<length>:<bytes>``;
     now, the soonest deadline of the jobs ('' if none, include/expiry.lua), the dead and
-    the trimmed ids (each a count, then the ids), 9 fields per job.
+    the trimmed ids (each a count, then the ids), :data:`LEASE_FIELDS` fields per job.
 
     :raises ValueError: a mangled entry
     """
@@ -150,12 +158,12 @@ def parse_handoff(entry: bytes) -> Fetched:
     dead = fields[2:2 + n_dead]
     n_trimmed = int(fields[2 + n_dead])
     flat = fields[3 + n_dead + n_trimmed:]
-    if len(flat) % 9:
+    if len(flat) % LEASE_FIELDS:
         raise ValueError("hand-off entry with a partial job")
     return Fetched(
         now_ms=float(fields[0]), next_due_ms=float(soonest) if soonest else None,
         dead=[_text(d) for d in dead],
-        jobs=[_leased(flat[i:i + 9]) for i in range(0, len(flat), 9)],
+        jobs=[_leased(flat[i:i + LEASE_FIELDS]) for i in range(0, len(flat), LEASE_FIELDS)],
         trimmed=[_text(t) for t in fields[3 + n_dead:3 + n_dead + n_trimmed]],
     )
 
@@ -242,13 +250,16 @@ BEAT_LOST, BEAT_KEPT, BEAT_CANCEL = 0, 1, 2
 
 
 def heartbeat(
-    k: QueueKeys, leases: Sequence[tuple[str, str, int]], now: float | None = None
+    k: QueueKeys, leases: Sequence[tuple[str, str, int] | tuple[str, str, int, bool]],
+    now: float | None = None
 ) -> ScriptCall[list[int]]:
-    """Extend leases given as (short id, token, extend_ms); per lease :data:`BEAT_KEPT`,
-    :data:`BEAT_LOST`, or :data:`BEAT_CANCEL` (kept, and the job is to be cancelled)."""
+    """Extend leases given as (short id, token, extend_ms[, started]); per lease
+    :data:`BEAT_KEPT`, :data:`BEAT_LOST`, or :data:`BEAT_CANCEL` (kept, and the job is to
+    be cancelled). ``started``: the lease's run has begun (told once; see heartbeat.lua)."""
     rest: list[Arg] = []
-    for short_id, token, extend_ms in leases:
-        rest.extend(HeartbeatItem(short_id, token, extend_ms))
+    for lease in leases:
+        started = "1" if len(lease) > 3 and lease[3] else ""
+        rest.extend(HeartbeatItem(lease[0], lease[1], lease[2], started))
     return _call("heartbeat", k, HeartbeatArgv(_now(now), len(leases)), rest,
                  lambda r: [int(c) for c in r])
 

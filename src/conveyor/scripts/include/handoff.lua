@@ -83,7 +83,7 @@ local function hand_off_builder()
 
   -- The entry a waiter pops: now, the soonest deadline of its jobs ('' if none: the worker
   -- fetches then, include/expiry.lua), dead ids, trimmed ids (each a count, then the ids),
-  -- then 9 fields per job as in fetch's reply.
+  -- then 10 fields per job as in fetch's reply.
   local function handoff_entry(now, out, jobs, soonest)
     local parts = {}
     framed(parts, string.format('%.3f', now))
@@ -109,7 +109,9 @@ local function hand_off_builder()
       local list = k.handoff_prefix .. w.worker
       redis.call('RPUSH', list, handoff_entry(now, out, acc.jobs, acc.soonest))
       local longest = 0
-      for i = 9, #acc.jobs, 9 do longest = math.max(longest, tonumber(acc.jobs[i]) or 0) end
+      for i = 9, #acc.jobs, LEASE_FIELDS do  -- each job's visibility timeout
+        longest = math.max(longest, tonumber(acc.jobs[i]) or 0)
+      end
       redis.call('PEXPIRE', list, longest + HANDOFF_KEEP_MS)
       if taken > 0 then add_count(k.counts, 'handed', taken) end
     end

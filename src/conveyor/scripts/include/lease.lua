@@ -6,6 +6,10 @@
 --@include records
 --@include expiry
 
+-- Fields of each leased job in a reply (fetch, a hand-off entry): id, token, task, args,
+-- attempts, max attempts, enqueued ms, run at, visibility ms, and whether to tell the start.
+local LEASE_FIELDS = 10
+
 -- holder: the id of the worker that fetched these leases, or that an enqueue hands them to
 -- (include/handoff.lua); '' when the caller named none. A leased record names its holder
 -- in the one short field 'w' (read only while the job is active: JobInfo.worker), so that
@@ -45,6 +49,9 @@ local function grant(k, acc, now, want, nonce, id, key, f)
   jobs[n + 1], jobs[n + 2], jobs[n + 3], jobs[n + 4] = id, token, task, f[10] or ''
   jobs[n + 5], jobs[n + 6] = attempts, f[4] or DEFAULT_MAX_ATTEMPTS
   jobs[n + 7], jobs[n + 8], jobs[n + 9] = f[8] or '', f[9] or '', vt
+  -- A job that lost a lease before its run was known to begin (include/maintain.lua)
+  -- tells this run's start before it begins: one that kills its worker is then charged.
+  jobs[n + 10] = (tonumber(f[13]) or 0) > 0 and '1' or ''
 end
 
 -- Lease a popped id whose record is a ready job that record_problem would find nothing
@@ -57,7 +64,7 @@ end
 -- deadline keeps its timer, at the deadline; one without has none left to keep.
 local function lease_ready(k, acc, now, want, nonce, id, key)
   local f = redis.pcall('HMGET', key, 's', 'p', 'attempts', 'm', 'v', 't', 'tenant', 'e',
-    'run_at', 'a', 'x', 'dl')
+    'run_at', 'a', 'x', 'dl', 'lu')
   if f[1] ~= 'ready' or not runnable_fields(f[2], f[3], f[4], f[5]) then return false end
   acc.popped_ready = acc.popped_ready + 1
   if f[11] then
@@ -105,7 +112,8 @@ local function lease_taker(k, cfg, tally, out, now, want, nonce, acc)
     -- A ready record without a problem: lease_ready, checking by the same rules, has
     -- taken it already; should that ever change, it is leased here rather than dropped.
     grant(k, acc, now, want, nonce, id, key, { r.state, r.priority, r.attempts,
-      r.max_attempts, r.vt, r.task, r.tenant, r.enqueued_ms, r.run_at, r.args })
+      r.max_attempts, r.vt, r.task, r.tenant, r.enqueued_ms, r.run_at, r.args, nil, nil,
+      redis.call('HGET', key, 'lu') })
     return true
   end
 end

@@ -136,10 +136,21 @@ local function back_to_ready(k, id, r, field, value)
   add_count(k.counts, 'ready', 1)
 end
 
+-- Whether the run of the lease now on the record under `key` was known to begin: its
+-- holder told so with a heartbeat (heartbeat.lua keeps the lease's token as 'rs').
+local function run_began(key)
+  local f = redis.call('HMGET', key, 'token', 'rs')
+  return f[1] ~= nil and f[1] ~= '' and f[1] == f[2]
+end
+
 -- A lease past its deadline means the worker died or stalled. The attempt it used counts
--- (unless its worker never took the job: it goes back as it was before the lease); the job
--- goes back to the front of its list, or to the dead letters when attempts are spent
--- (added to out.dead, with any dead letters the cap trimmed in out.trimmed).
+-- when its run was known to begin; otherwise (the worker died before it began the run, or
+-- before it told so, which it does within a second or so) the attempt is given back and
+-- the record counts the lease as 'lu', so that its next run tells its start before it
+-- begins (include/lease.lua): a job that kills its worker as it starts is charged from
+-- then on. A lease its worker never took (a hand-off) goes back as it was before it.
+-- The job goes back to the front of its list, or to the dead letters when attempts are
+-- spent (added to out.dead, with any dead letters the cap trimmed in out.trimmed).
 local function reclaim_expired(k, now, limit, cfg, tally, out)
   local expired = redis.call('ZRANGE', k.leases, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
   local recount = false
@@ -147,28 +158,33 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
     redis.call('ZREM', k.leases, id)
     local key = k.job_prefix .. id
     local r = read_record(key)
+    local began = r.state == 'active' and run_began(key)
+    local attempts = tonumber(r.attempts or '1') or 1
     if r.state == 'active' and r.cancel then
       if release_active(k.active, r.task) then recount = true end
       flow_ended(k, 1, { [r.tenant or ''] = 1 })
       add_count(key, 'lost', 1)
+      if not began then
+        redis.call('HSET', key, 'attempts', math.max(0, attempts - 1))
+        add_count(key, 'lu', 1)
+      end
       cancel_lapsed(k, cfg, now, id, r)
     elseif r.state == 'active' then
       if release_active(k.active, r.task) then recount = true end
       flow_ended(k, 1, { [r.tenant or ''] = 1 })
       local untaken = never_taken(k, key)
       if not untaken then
-        count(tally, r.task, 'failed', 1)
         add_count(key, 'lost', 1)  -- leases lost, on the record: what a lost lease cost
+        if began then count(tally, r.task, 'failed', 1) else add_count(key, 'lu', 1) end
       end
-      local attempts = r.attempts or '1'
       local err = 'lease expired: the worker died or stalled (attempt ' .. attempts .. ')'
       local bad = record_problem(r)
       if bad then
         dead_letter(k, cfg, tally, now, id, r, bad, out)
-      elseif untaken then  -- nor did its run begin, whatever the lease set started_at to
-        back_to_ready(k, id, r, 'attempts', math.max(0, (tonumber(attempts) or 1) - 1))
+      elseif not began then  -- nor did its run begin, whatever the lease set started_at to
+        back_to_ready(k, id, r, 'attempts', math.max(0, attempts - 1))
         redis.call('HDEL', key, 'started_at')
-      elseif (tonumber(attempts) or 1) >= (tonumber(r.max_attempts) or DEFAULT_MAX_ATTEMPTS) then
+      elseif attempts >= (tonumber(r.max_attempts) or DEFAULT_MAX_ATTEMPTS) then
         dead_letter(k, cfg, tally, now, id, r, err, out)
       else
         back_to_ready(k, id, r, 'error', err)
