@@ -220,8 +220,12 @@ def _successes(ev: Evidence, runs: Counter[str]) -> list[Check]:
     doubles = [f"{_describe(j)}: {j.successes} successes" for j in ev.jobs if j.successes > 1]
     unfounded = [_describe(j) for j in ev.jobs
                  if j.state == "succeeded" and j.label not in completed]
-    extra_runs = [f"{_describe(j)}, {j.refunds} refunded: {runs[j.label]} runs"
-                  for j in ev.jobs if runs[j.label] > j.attempts + j.refunds]
+    # Leases granted: the attempts charged, those given back for runs that started, and
+    # those given back as their run was not known to begin (a run may have begun under
+    # one all the same: its worker died before it told Redis).
+    extra_runs = [f"{_describe(j)}, {j.refunds} refunded, {j.unstarted} given back"
+                  f" unstarted: {runs[j.label]} runs"
+                  for j in ev.jobs if runs[j.label] > j.attempts + j.refunds + j.unstarted]
     # DESIGN 5: an attempt is charged only for a run that started. A lease lost before its
     # worker told Redis that the run began gives its attempt back ('lu' on the record).
     charged = [f"{_describe(j)}, {j.refunds} refunded, {j.lost} lease(s) lost"
@@ -232,7 +236,7 @@ def _successes(ev: Evidence, runs: Counter[str]) -> list[Check]:
         _verdict("at most one success recorded per job", doubles, "none twice"),
         _verdict("every success had a run that completed", unfounded, "all did"),
         _stored_once(ev),
-        _verdict("every run had a lease of its own (runs <= attempts + refunded)", extra_runs,
+        _verdict("every run had a lease of its own (runs <= leases granted)", extra_runs,
                  "all did"),
         _verdict("no attempt charged without a run (attempts + refunded <= runs)", charged,
                  "none"),

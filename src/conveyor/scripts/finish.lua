@@ -133,7 +133,7 @@ for i = 0, n - 1 do
       count(tally, task, 'dead', 1)
       codes[#codes + 1] = 3
     end
-    if f[16] then track_expiry(K.expiring, id, f[16], state) end
+    if f[16] then track_expiry(K.expiring, id, f[16], f[17], state) end
     if state ~= nil then
       free_dedupe_key(dedupe_prefix, f[6], id)
       if streaming(events) then

@@ -101,12 +101,14 @@ local function suspended_event(events, events_maxlen, key, id, f, started_at, no
   emit_event(events, events_maxlen, id, job)
 end
 
--- A job with a time to start or finish by (f[16], include/expiry.lua) that is to wait
--- again (state nil: a retry, a snooze, a suspension) is back on that timer; one that
--- ended is off it.
-local function track_expiry(expiring, id, start_by, state)
+-- A job with a time to start or finish by (include/expiry.lua) that is to wait again
+-- (state nil: a retry, a snooze, a suspension) is back on the timer at its start-by time;
+-- one that ended is off it. Only a job with a deadline is on the timer while it runs (the
+-- lease took the others off): the others need no removal (a stray entry, were one left,
+-- goes when the timer meets it).
+local function track_expiry(expiring, id, start_by, deadline, state)
   if state == nil then rearm_expiry(expiring, id, start_by)
-  else soft_call('ZREM', expiring, id) end
+  elseif deadline then soft_call('ZREM', expiring, id) end
 end
 
 -- Cancelled (or expired past its deadline). A run that never began (started_at 0: the
