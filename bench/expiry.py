@@ -162,13 +162,18 @@ def main() -> None:
     parser.add_argument("--task-ms", type=float, default=5.0)
     parser.add_argument("--cpu-jobs", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="measure only the Redis CPU per job (no lateness runs)")
     args = parser.parse_args()
     with private_redis() as server:
-        print(f"lateness: {args.jobs:,} jobs expiring over {args.spread:g} s, queue paused",
-              flush=True)
-        paused = lateness(server.url, args.jobs, args.spread, False, 0.0)
-        print(f"started late: {args.jobs // 10:,} jobs, queue running", flush=True)
-        running = lateness(server.url, args.jobs // 10, args.spread, True, args.task_ms)
+        if args.cpu_only:
+            paused = running = None
+        else:
+            print(f"lateness: {args.jobs:,} jobs expiring over {args.spread:g} s, queue"
+                  " paused", flush=True)
+            paused = lateness(server.url, args.jobs, args.spread, False, 0.0)
+            print(f"started late: {args.jobs // 10:,} jobs, queue running", flush=True)
+            running = lateness(server.url, args.jobs // 10, args.spread, True, args.task_ms)
         with_x: list[float] = []
         without: list[float] = []
         for run in range(args.runs):
@@ -179,6 +184,14 @@ def main() -> None:
     print()
     print("| figure | value |")
     print("|---|---|")
+    if paused is not None and running is not None:
+        print_lateness(paused, running)
+    print(f"| Redis CPU per job, no expiry (µs) | {spread_text(without)} |")
+    print(f"| Redis CPU per job, with expires (µs) | {spread_text(with_x)} |")
+    print(f"| ratio | {spread_text(ratios)} |")
+
+
+def print_lateness(paused: dict[str, float], running: dict[str, float]) -> None:
     print(f"| paused queue: jobs expired / ended otherwise | {paused['expired']:,} /"
           f" {paused['other'] + paused['ran']:,} |")
     print(f"| expiry lateness p50 / p99 / max (ms) | {paused['p50_ms']:.2f} /"
@@ -188,9 +201,6 @@ def main() -> None:
           f" {running['started_late']:,} (at most {running['began_after_max_ms']:.1f} ms"
           " after) |")
     print(f"| running queue: expiry lateness p99 (ms) | {running['p99_ms']:.2f} |")
-    print(f"| Redis CPU per job, no expiry (µs) | {spread_text(without)} |")
-    print(f"| Redis CPU per job, with expires (µs) | {spread_text(with_x)} |")
-    print(f"| ratio | {spread_text(ratios)} |")
 
 
 if __name__ == "__main__":
