@@ -18,7 +18,7 @@ import pytest
 import conveyor
 from apps.waits_app import ledger, make_app
 from conveyor import JobState
-from helpers import RedisServer, env_with_src, stop_processes, wait_until
+from helpers import RedisServer, env_with_src, start_told, stop_processes, wait_until
 
 CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
 HERE = Path(__file__).parent
@@ -115,6 +115,7 @@ def test_a_worker_sigkilled_while_a_job_resumes_leaves_the_wait_recorded(
     assert job.signal("go", "yes") is True
     wait_until(lambda: ledger(wapp.redis, wapp.namespace)[("resumed", "r")] == 1, 20,
                message="resumed")
+    wait_until(lambda: start_told(wapp, job.id), 10, message="the start told")
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     # Shorter hold for the run that takes the job over: its lease lapsed with the worker.

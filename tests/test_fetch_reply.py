@@ -15,11 +15,13 @@ texts = st.one_of(st.text(max_size=20).map(str.encode), st.binary(max_size=20))
 
 
 @given(short_id=texts, token=texts, task=texts, args=st.binary(max_size=30),
-       fields=st.lists(numbers, min_size=5, max_size=5))
+       fields=st.lists(numbers, min_size=5, max_size=5),
+       confirm=st.sampled_from([b"", b"1", b"x"]))
 def test_the_short_path_reads_a_job_as_the_checked_one(
     short_id: bytes, token: bytes, task: bytes, args: bytes, fields: list[bytes],
+    confirm: bytes,
 ) -> None:
-    reply = [short_id, token, task, args, *fields]
+    reply = [short_id, token, task, args, *fields, confirm]
     fast, checked = _leased(reply), _leased_checked(reply)
     assert repr(fast) == repr(checked)  # repr: a NaN time compares unequal to itself
     valid = True
@@ -29,3 +31,4 @@ def test_the_short_path_reads_a_job_as_the_checked_one(
         except UnicodeDecodeError:
             valid = False
     assert (fast.problem is None) == valid
+    assert fast.confirm == (confirm == b"1")

@@ -21,7 +21,7 @@ import pytest
 
 import conveyor
 from apps.flow_app import make_app, max_overlap, most_starts_in_window, read_ledger
-from helpers import RedisServer, env_with_src, stop_processes, wait_until
+from helpers import RedisServer, env_with_src, start_told, stop_processes, wait_until
 
 pytestmark = pytest.mark.xdist_group("flow-workers")
 CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
@@ -150,6 +150,7 @@ def test_a_killed_workers_slots_come_back_with_its_leases(
     victim = fleet.procs[0]
     held = work(fapp).enqueue_many([(f"k{i}", 2.0) for i in range(3)])
     wait_until(lambda: running_now(fapp) == 3, timeout=20, message="3 slots taken")
+    wait_until(lambda: all(start_told(fapp, j.id) for j in held), 10, message="starts told")
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait(10)
     killed_at = time.time()

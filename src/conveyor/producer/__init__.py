@@ -52,8 +52,8 @@ __all__ = ["ENQUEUE_CHUNK", "Arguments", "Plan", "RedisSender", "Sender", "Sent"
            "new_short_id", "new_short_ids", "plan", "store", "store_workflow"]
 
 # Jobs per script call; a bulk enqueue pipelines its chunks. As many as fit in
-# MAX_COMMAND_ARGS (3,999): 7 words of EVALSHA and the transport, 25 keys and 24 fixed
-# arguments leave 3,943 for jobs of 2 words each, so 1,971.
+# MAX_COMMAND_ARGS (3,999): 7 words of EVALSHA and the transport, 26 keys and 24 fixed
+# arguments leave 3,942 for jobs of 2 words each, so 1,971.
 ENQUEUE_CHUNK = max_items("enqueue")
 
 Arguments = tuple[tuple[Any, ...], dict[str, Any]]  # one job's (args, kwargs)
