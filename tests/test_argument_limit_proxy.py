@@ -23,13 +23,14 @@ from helpers import RedisServer, running_worker, wait_until
 
 
 class ArgumentLimitProxy(Proxy):
-    """A :class:`~conveyor.faults.Proxy` that forwards whole requests only, and sends a
+    """A :class:`~conveyor.faults.proxy.Proxy` that forwards whole requests only, and sends a
     request of more than ``most`` words on as a script that answers with an error: Redis
     then replies to it in its place among the connection's replies, so pipelined requests
     keep their order without the proxy pairing replies itself.
 
     :ivar longest: the most words any request passed on carried
     :ivar refused: the word count of each refused request
+    :ivar refused_heads: the first 300 bytes of each refused request
     :ivar by_script: the most words a call of each script (by SHA) carried
     """
 
@@ -79,6 +80,7 @@ class ArgumentLimitProxy(Proxy):
 
 
 def sha(script: str) -> str:
+    """The SHA a call of ``script`` names (EVALSHA)."""
     return hashlib.sha1(source(script).encode()).hexdigest()
 
 
