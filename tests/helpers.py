@@ -20,7 +20,7 @@ from redis.retry import Retry
 
 import conveyor
 
-# CONVEYOR_REDIS_SERVER names another server binary (the engine matrix, `make engines`).
+# CONVEYOR_REDIS_SERVER names another server binary (the engine matrix, `make engine-matrix`).
 REDIS_SERVER = (os.environ.get("CONVEYOR_REDIS_SERVER") or shutil.which("redis-server")
                 or "/usr/bin/redis-server")
 

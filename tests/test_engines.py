@@ -1,30 +1,49 @@
 """What conveyor's scripts ask of an engine beyond Redis 7.0 (see docs/engines.md): each
-starts with the ``#!lua`` shebang, and every key a script touches carries the hash tag of
-the keys it was given, so an engine that locks by hash tag (Dragonfly with
-``--lock_on_hashtags``) sees no undeclared key."""
+starts with the ``#!lua`` shebang and carries Dragonfly's flag line right after it, and
+every key a script touches carries the hash tag of the keys it was given, so an engine that
+locks by hash tag (Dragonfly with ``--lock_on_hashtags``) sees no undeclared key."""
 
 from __future__ import annotations
 
 import re
 import threading
 from collections.abc import Iterator
+from importlib import resources
 
 import pytest
 import redis
 
 import conveyor
-from conveyor.scripts import SCRIPT_NAMES, source
+from conveyor.scripts import DRAGONFLY_FLAGS, SCRIPT_NAMES, dragonfly_source, source
 from helpers import RedisServer, running_worker, wait_until
 
 PIECE = re.compile(r'"((?:[^"\\]|\\.)*)"')
 STOP = "conveyor-test-stop-monitor"
 
 
-def test_every_script_starts_with_the_shebang_and_nothing_before_it() -> None:
+def test_every_script_starts_with_the_shebang_then_dragonflys_flag_line() -> None:
+    root = resources.files("conveyor.scripts")
     for name in SCRIPT_NAMES:
-        text = source(name)
-        assert re.fullmatch(r"#!lua( flags=[a-z,-]+)?", text.split("\n", 1)[0]), name
-        assert "--!df" not in text, name  # Dragonfly reads it only as a first line
+        first, second = root.joinpath(f"{name}.lua").read_text().split("\n", 2)[:2]
+        assert re.fullmatch(r"#!lua( flags=[a-z,-]+)?", first), name
+        assert second == DRAGONFLY_FLAGS == "--!df flags=allow-undeclared-keys", name
+        text = source(name)  # as sent to Redis and Valkey: the shebang first, and no other
+        assert text.split("\n", 1)[0] == first and text.count("#!lua") == 1, name
+        assert text.count("--!df") == 1, name
+
+
+def test_the_dragonfly_form_starts_with_the_flag_line_and_compiles(
+        redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    for name in SCRIPT_NAMES:
+        text = dragonfly_source(name)
+        assert text.split("\n", 1)[0] == DRAGONFLY_FLAGS, name
+        assert "#!lua" not in text and text.count("--!df") == 1, name
+        # The same body as the shebang form: only the first line and the flag line moved.
+        assert sorted(text.splitlines()) == sorted(
+            line for line in source(name).splitlines() if not line.startswith("#!lua")), name
+        assert client.script_load(text)  # valid Lua for this engine (Dragonfly: untested)
+    client.close()
 
 
 class Monitor:

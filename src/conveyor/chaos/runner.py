@@ -69,6 +69,9 @@ class ChaosRun:
         """Run, check and report; 0 when every invariant held, 1 otherwise."""
         binary = redis_server_binary()
         if binary is None:
+            if os.environ.get("CONVEYOR_REDIS_SERVER"):
+                raise RuntimeError("CONVEYOR_REDIS_SERVER names no file: "
+                                   + os.environ["CONVEYOR_REDIS_SERVER"])
             raise RuntimeError("redis-server is not installed (Debian/Ubuntu: apt-get install"
                                " redis-server; macOS: brew install redis)")
         topology = self.profile.topology

@@ -9,6 +9,7 @@ back from its append-only file, as after a crash of a production Redis.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -28,6 +29,12 @@ CLIENT_NAME = "conveyor-chaos"  # the run's own connections, spared by CLIENT KI
 
 
 def redis_server_binary() -> str | None:
+    """The server binary a run starts: ``$CONVEYOR_REDIS_SERVER`` when set (another engine,
+    e.g. a Valkey build, as the engine matrix and the tests use it), else ``redis-server``.
+    """
+    chosen = os.environ.get("CONVEYOR_REDIS_SERVER")
+    if chosen:
+        return chosen if Path(chosen).exists() else None
     return shutil.which("redis-server") or (
         "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
 

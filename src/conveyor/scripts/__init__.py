@@ -33,6 +33,11 @@ from .packing import max_items as max_items
 from .packing import wire as wire
 
 _INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.MULTILINE)
+# Dragonfly's flag line, the second line of every script (after the shebang): the scripts
+# touch keys they derive from the prefixes in KEYS (a job's record, a tenant's list), which
+# Dragonfly refuses unless told. Dragonfly reads it only as a script's first line: see
+# dragonfly_source. To Redis and Valkey it is a comment.
+DRAGONFLY_FLAGS = "--!df flags=allow-undeclared-keys"
 SCRIPT_NAMES = (
     "enqueue",
     "fetch",
@@ -71,6 +76,15 @@ def source(name: str) -> str:
         return file.read_text(encoding="utf-8")
 
     return keep_reply(with_bindings(name, assemble(name, read)))
+
+
+def dragonfly_source(name: str) -> str:
+    """Script ``name`` as Dragonfly takes it: :data:`DRAGONFLY_FLAGS` as its first line,
+    where alone Dragonfly reads it, and no ``#!lua`` shebang, which Redis and Valkey read
+    only as a first line and Dragonfly does not take off before compiling. One text cannot
+    serve both; :func:`source` is the one sent today (see docs/engines.md)."""
+    _, _, body = source(name).partition("\n")
+    return DRAGONFLY_FLAGS + "\n" + body.replace(DRAGONFLY_FLAGS + "\n", "", 1)
 
 
 def bindings(name: str) -> str:

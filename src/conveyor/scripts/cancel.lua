@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Cancel a job. One that has not started ends at once: a scheduled or retrying job (or
 -- one suspended at a durable wait) leaves the delayed set; a ready job is marked and
 -- skipped by the next fetch that meets it (O(1), no list scan). A running job is only marked: its holder learns of the cancel with its

@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Store a batch of new jobs of one task with the same options, and make them ready (or
 -- scheduled, when due later). Options are sent once per batch, not once per job.
 --

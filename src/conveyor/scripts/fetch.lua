@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Lease up to `count` ready jobs to a worker, after promoting due delayed jobs and
 -- reclaiming expired leases. Each leased job gets a fresh fencing token: the queue's
 -- counter joined with a random nonce of this call, so that a token is never handed out

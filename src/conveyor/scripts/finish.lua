@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Record the outcome of a batch of attempts: success, failure (retry with a delay, or dead
 -- when attempts are spent), dead at once (unknown task, corrupt payload), snoozed (the
 -- attempt given back; dead past the cap), suspended at a durable wait (the attempt given

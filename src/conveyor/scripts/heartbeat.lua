@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Extend the leases of jobs a worker is still running. Only the holder of the current
 -- token may extend; a lease that was reclaimed stays lost and its job runs elsewhere.
 -- A job someone asked to cancel answers 2: the holder stops it and records the end.

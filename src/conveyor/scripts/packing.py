@@ -55,9 +55,10 @@ def max_items(name: str) -> int:
     return (MAX_COMMAND_ARGS - CALL_OVERHEAD - fixed) // fields
 
 
-# A worker's calls carry one item per job it holds: over the limit only past a
-# concurrency of some 660 (finish) to 1,300 (heartbeat). Engines without the limit (Redis,
-# Valkey) take them: such a call is sent, with a warning, rather than refused.
+# A worker's calls carry one item per job it holds. Finish, heartbeat and release split
+# their batches at max_items; progress carries one report per running job, over the limit
+# only past a concurrency of 997. Engines without the limit (Redis, Valkey) take a longer
+# call: it is sent, with a warning, rather than refused.
 WORKER_BATCHED = frozenset({"finish", "heartbeat", "progress", "release"})
 _warned: set[str] = set()
 

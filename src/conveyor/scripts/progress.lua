@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Record how far running jobs have got. Only the holder of the current lease may write,
 -- and not once the job is being cancelled: a stale or cancelled run's progress is refused.
 --

@@ -1,4 +1,5 @@
 #!lua flags=allow-oom
+--!df flags=allow-undeclared-keys
 -- Delete up to `limit` dead jobs, oldest first (the caller repeats until it returns 0).
 -- It only removes, so it may run while Redis is out of memory: purging dead letters is
 -- one way an operator frees memory in an out-of-memory spell.

@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Register an idle worker as a waiter of a queue (see include/handoff.lua): the next
 -- enqueue that makes jobs ready leases up to `slots` of them to it and pushes them onto its
 -- hand-off list. Replaces the worker's registration, if any, and drops lapsed ones of any

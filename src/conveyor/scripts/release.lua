@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Hand leased jobs back (a stopping worker's): they return to the front of their lists and
 -- the attempt they were charged is given back. A job whose run had started and was
 -- interrupted by the shutdown is handed back the same way, with the interruption recorded

@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Give dead jobs a new life: fresh attempts, back at the end of their ready lists.
 -- A job enqueued with a dedupe key is unfinished again, so it takes its key back (an
 -- enqueue with the key then returns it). When another job took the key while this one was

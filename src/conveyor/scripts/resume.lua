@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Parents learn that their child jobs ended (ctx.child): each child's outcome is recorded
 -- as its parent's wait, and a parent that is suspended resumes. Only a parent whose 'wt'
 -- still names that child is changed, so telling the same end twice (a drainer killed

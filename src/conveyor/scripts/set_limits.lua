@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Change a queue's flow-control limits (see include/flow.lua for the fields). Every parked
 -- tenant goes back to its ring and an idle worker is woken, so a raised limit is used at
 -- the next claim; a lowered one holds from the next claim on.

@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Send a signal to a job. A job that waits for it (its 'wt' names a signal of that name,
 -- also in the moment between the run describing the wait and its finish) gets it recorded
 -- as the wait's outcome, and resumes if it is suspended; any other job that has not ended

@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Record the result of a named step of a running job, so that a later attempt gets it back
 -- instead of running the step again. Only the holder of the current lease may record, and
 -- not once the job is being cancelled. The first recorded result of a step is kept.

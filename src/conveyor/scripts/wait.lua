@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- A running job reached a durable wait (a sleep, a wait for a signal, a child job): either
 -- its outcome is known now, and is recorded as the wait's ('w:' .. name) and returned, or
 -- the record says what the job waits for ('wt'), and the run ends suspended (its finish

@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Store the nodes of one workflow that live in this queue, and, in the workflow's home
 -- queue, the workflow's record. Nodes without parents are made ready (or scheduled, when
 -- due later) at once; the others wait (see include/workflow.lua). A workflow spanning

@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- The child side of a workflow hand-over: tell waiting nodes of this queue that a parent
 -- ended. Idempotent: a parent is recorded once per child (HSETNX), and only a node still
 -- waiting is released or cancelled, so a hand-over repeated by a retry, by a second worker

@@ -1,4 +1,5 @@
 #!lua
+--!df flags=allow-undeclared-keys
 -- Note, in the workflow's home queue, which of its nodes have ended and been handed over.
 -- Once all have, the workflow's record starts to expire with the retention of job records,
 -- so a workflow costs memory only while it runs and for the retention after.

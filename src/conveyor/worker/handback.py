@@ -12,11 +12,12 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..scripts import calls
+from ..scripts import calls, max_items
 from .backoff import REDIS_ERRORS, pause_after
 from .executor import Held
 
 log = logging.getLogger("conveyor.worker")
+RELEASE_MOST = max_items("release")  # jobs one release call hands back at most
 
 
 class HandBack:
@@ -37,19 +38,22 @@ class HandBack:
         expire and they are reclaimed."""
         clock = asyncio.get_running_loop().time
         deadline = clock() + within
-        call = calls.release(self._keys(queue), leases)
-        failures = 0
-        while True:
-            try:
-                await self._runner.run(call)
-                return
-            except REDIS_ERRORS as exc:
-                failures += 1
-                if clock() > deadline:
-                    log.error("could not hand back %d job(s) of %s (%s); they run again"
-                              " when their leases expire", len(leases), queue, exc)
-                    return
-                await asyncio.sleep(pause_after(failures))
+        # A stopping worker may hold more than one call may carry (MAX_COMMAND_ARGS).
+        for start in range(0, len(leases), RELEASE_MOST):
+            part = leases[start:start + RELEASE_MOST]
+            call = calls.release(self._keys(queue), part)
+            failures = 0
+            while True:
+                try:
+                    await self._runner.run(call)
+                    break
+                except REDIS_ERRORS as exc:
+                    failures += 1
+                    if clock() > deadline:
+                        log.error("could not hand back %d job(s) of %s (%s); they run again"
+                                  " when their leases expire", len(leases) - start, queue, exc)
+                        return
+                    await asyncio.sleep(pause_after(failures))
 
     async def held(self, jobs: list[Held], reason: str, within: float = 10.0) -> None:
         """Hand ``jobs`` back to their queues, noting ``reason``, all within ``within``

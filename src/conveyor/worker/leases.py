@@ -38,7 +38,7 @@ from typing import Any
 
 import redis
 
-from ..scripts import calls
+from ..scripts import calls, max_items
 from .backoff import REDIS_ERRORS, pause_after
 from .doubt import InDoubt
 from .executor import Held
@@ -49,6 +49,7 @@ CANCEL_POLL = 0.5  # seconds between looks for cancels of held jobs
 BATCH_WINDOW = 0.25  # fraction of a job's interval by which it may be beaten early
 START_TELL = 0.5  # seconds: the loop looks this often for runs that began, and tells them
 # so this long after it saw them (runs shorter than that end before: their outcome tells)
+BEAT_MOST = max_items("heartbeat")  # leases one heartbeat call carries at most
 
 # What a heartbeat call was for: the held jobs and the leases it extends, in order.
 Beat = tuple[list[Held], list[tuple[str, str, int, bool]]]
@@ -210,10 +211,13 @@ class LeaseKeeper:
         if doubt is not None:  # its reply was lost: the same call first (see .doubt)
             codes = await self._doubts.send(self._runner, queue, doubt.call)
             self._beaten(queue, doubt.carried, codes, now)
-        if jobs:
+        # The leases of outcomes not yet recorded count too, so a worker may hold more than
+        # one call may carry (MAX_COMMAND_ARGS): one call per part, in turn.
+        for start in range(0, len(jobs), BEAT_MOST):
+            part = jobs[start:start + BEAT_MOST]
             leases = [(h.leased.short_id, h.leased.token, h.leased.visibility_ms, _untold(h))
-                      for h in jobs]
-            beat: Beat = (jobs, leases)
+                      for h in part]
+            beat: Beat = (part, leases)
             call = calls.heartbeat(self._keys(queue), leases)
             self._beaten(queue, beat, await self._doubts.send(self._runner, queue, call, beat),
                          now)

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ..scripts import calls
+from ..scripts import calls, max_items
 from .backoff import REDIS_ERRORS, QueueBackoff
 from .dead import DeadNotices
 from .doubt import InDoubt
@@ -37,6 +37,7 @@ log = logging.getLogger("conveyor.worker")
 # server: the outcomes are kept, never dropped.
 ERRORS = REDIS_ERRORS
 GATHER_TURNS = 2  # loop turns a flush waits for outcomes being delivered
+FINISH_MOST = max_items("finish")  # outcomes one finish call carries at most
 
 
 class Outbox:
@@ -120,7 +121,7 @@ class Outbox:
         # be refused, the job no longer being active).
         queues = [queue for queue in dict.fromkeys([*self._doubts, *self.pending])
                   if not self._backoff.waiting(queue)]
-        batches = [(queue, self.pending.pop(queue, [])) for queue in queues]
+        batches = [(queue, self._take(queue)) for queue in queues]
         try:
             await self._before_flush({(queue, o.short_id) for queue, batch in batches
                                       for o in batch})
@@ -140,6 +141,18 @@ class Outbox:
             for queue, batch in batches:  # not recorded: keep their order, try again
                 if batch:
                     self.pending.setdefault(queue, [])[:0] = batch
+
+    def _take(self, queue: str) -> list[calls.Outcome]:
+        """The next batch of ``queue``: its oldest outcomes, as many as one ``finish`` call
+        may carry (:data:`~conveyor.scripts.MAX_COMMAND_ARGS`). Outcomes gather here faster
+        than a slow link records them, far past a worker's concurrency; the rest goes in
+        the next flush, at once."""
+        waiting = self.pending.pop(queue, [])
+        if len(waiting) > FINISH_MOST:
+            self.pending[queue] = waiting[FINISH_MOST:]
+            waiting = waiting[:FINISH_MOST]
+            self._ready.set()
+        return waiting
 
     async def _record(self, queue: str, batch: list[calls.Outcome]) -> None:
         """Send ``queue``'s batch in doubt, if any, then ``batch`` (if not empty)."""
