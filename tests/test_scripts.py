@@ -314,3 +314,15 @@ def test_every_finished_event_carries_the_trace_id(app: conveyor.Conveyor) -> No
     for short in ("ok", "fails", "lost", "lapsed"):
         assert seen[short][b"trace"] == TRACE.encode(), short
     assert b"trace" not in seen["plain"]
+
+
+def test_a_run_never_began_after_the_finish_that_ends_it(app: conveyor.Conveyor) -> None:
+    # The worker sends when a run began by its reckoning of the server clock, which may run
+    # a little ahead: the record never shows a start later than the finish.
+    enqueue(app, new("ahead"), new("behind"), now=1_000)
+    leased = {j.short_id: j for j in fetch(app, now=1_000).jobs}
+    finish(app, calls.Outcome("ahead", leased["ahead"].token, "ok", 2.5, b"1"),
+           calls.Outcome("behind", leased["behind"].token, "ok", 1.5, b"1"), now=2_000)
+    ahead, behind = app.job(f"{Q}~ahead").info(), app.job(f"{Q}~behind").info()
+    assert ahead.started_at == ahead.finished_at == 2.0
+    assert (behind.started_at, behind.finished_at) == (1.5, 2.0)

@@ -82,7 +82,7 @@ for i = 0, n - 1 do
   local base = FIRST + i * FIELDS
   local id, token = ARGV[base + ITEM.short_id], ARGV[base + ITEM.token]
   local outcome, payload = ARGV[base + ITEM.outcome], ARGV[base + ITEM.payload]
-  local started_at = ARGV[base + ITEM.started_at]
+  local started_at = run_began_at(ARGV[base + ITEM.started_at], now, now_s)
   local unstarted = tonumber(started_at) == 0
   local key = job_prefix .. id
   -- A record that is no hash (written over by hand) reads as an error: refused, like a

@@ -7,6 +7,15 @@
 --@include suspend
 --@include expiry
 
+-- When a run began (epoch s, as the worker sent it; '0' for a run that never began): the
+-- worker's reckoning of the server clock, which may run a little ahead of it. A run never
+-- began after the finish that records its end.
+local function run_began_at(raw, now, now_s)
+  local at = tonumber(raw)
+  if at and at ~= 0 and at * 1000 > now then return now_s end
+  return raw
+end
+
 -- The fields of a job's event (see emit_event), from the record's fields f as finish reads
 -- them (task f[3], attempts f[4], enqueued_at f[7], run_at f[8], tenant f[9], priority
 -- f[10], trace id f[13]); the state (and error) are set once the outcome is known.
