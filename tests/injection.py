@@ -70,6 +70,12 @@ class FaultPlan:
             self._rules.append([target, make, times])
         return self
 
+    def clear(self) -> None:
+        """Fail nothing more: every rule's remaining failures are dropped."""
+        with self._lock:
+            for rule in self._rules:
+                rule[2] = 0
+
     def pending(self) -> int:
         with self._lock:
             return sum(rule[2] for rule in self._rules)

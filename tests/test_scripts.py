@@ -326,3 +326,24 @@ def test_a_run_never_began_after_the_finish_that_ends_it(app: conveyor.Conveyor)
     ahead, behind = app.job(f"{Q}~ahead").info(), app.job(f"{Q}~behind").info()
     assert ahead.started_at == ahead.finished_at == 2.0
     assert (behind.started_at, behind.finished_at) == (1.5, 2.0)
+
+
+def test_a_run_that_goes_on_under_a_new_lease_costs_one_attempt(app: conveyor.Conveyor) -> None:
+    # A worker whose heartbeats failed past the lease leases the same job again while its
+    # run goes on: the run's start was told (and charged when the lease was reclaimed),
+    # so the new lease tells that the run continues and its attempt is given back, once.
+    enqueue(app, new("a", visibility_ms=1000), now=0)
+    first = fetch(app, now=0).jobs[0]
+    began(app, first, now=10)
+    second = fetch(app, now=2000).jobs[0]
+    assert second.attempts == 2
+    k = app.keys(Q)
+    go_on = calls.heartbeat(k, [("a", second.token, 1000, calls.CONTINUED)], now=2001)
+    assert app.scripts.run(go_on) == [calls.BEAT_KEPT]
+    assert app.redis.hget(k.job_prefix + "a", "attempts") == b"1"
+    again = calls.heartbeat(k, [("a", second.token, 1000, calls.CONTINUED)], now=2002)
+    assert app.scripts.run(again) == [calls.BEAT_KEPT]  # told before: nothing more given back
+    assert app.redis.hget(k.job_prefix + "a", "attempts") == b"1"
+    done = finish(app, calls.Outcome("a", second.token, "ok", 0.0, b"1"), now=2100)
+    assert done.codes == [calls.FINISH_SUCCEEDED]
+    assert app.job(f"{Q}~a").info().attempts == 1

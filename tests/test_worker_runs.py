@@ -19,8 +19,9 @@ import pytest
 
 import conveyor
 from conveyor.clock import ServerClock
+from conveyor.scripts import calls
 from conveyor.worker.executor import Held
-from helpers import RedisServer, record_field, running_worker, wait_until
+from helpers import RedisServer, record_field, running_worker, start_told, wait_until
 from injection import FaultPlan
 
 
@@ -50,6 +51,46 @@ def test_a_run_whose_lease_lapsed_goes_on_under_its_new_lease(app: conveyor.Conv
     # The lost lease is counted; its attempt is not charged, as no heartbeat could tell
     # Redis that its run began.
     assert info.state == "succeeded" and int(record_field(app, job.id, "lost") or 0) >= 1
+
+
+def test_a_run_told_to_begin_then_leased_again_here_costs_one_attempt(
+        app: conveyor.Conveyor) -> None:
+    """The run's start is told, then the heartbeats fail past its lease; the same worker
+    leases the job again while the run goes on. One run: one attempt (the reclaim charged
+    the first lease, the second says the run continues and gives its own back)."""
+    runs, lock = _counter()
+    go = threading.Event()
+
+    @app.task(name="told", queue="q", visibility_timeout=0.6, retries=3)
+    async def told() -> str:
+        with lock:
+            runs["told"] += 1
+        while not go.is_set():
+            await asyncio.sleep(0.02)
+        return "ok"
+
+    with running_worker(app, queues=["q"], concurrency=2), FaultPlan() as plan:
+        job = told.enqueue()
+        wait_until(lambda: start_told(app, job.id), 10, message="the start told")
+        first = record_field(app, job.id, "token")
+        plan.fail("script:heartbeat", "connection", times=10_000)
+        k = app.keys("q")
+
+        def reclaimed() -> bool:  # another worker's fetch takes the lapsed lease back
+            app.scripts.run(calls.fetch(k, 0, app.limits))
+            return record_field(app, job.id, "token") != first
+
+        wait_until(reclaimed, 10, interval=0.05, message="the lapsed lease reclaimed")
+        plan.clear()
+        wait_until(lambda: record_field(app, job.id, "token") not in (first, b""), 15,
+                   message="leased again")
+        wait_until(lambda: start_told(app, job.id), 10, message="the run's going on told")
+        go.set()
+        assert job.result(timeout=20) == "ok"
+        info = job.info()
+    assert runs["told"] == 1
+    assert info.state == "succeeded" and info.attempts == 1
+    assert int(record_field(app, job.id, "lost") or 0) >= 1
 
 
 def test_short_lease_beside_long_one_gets_its_first_heartbeat_in_time(

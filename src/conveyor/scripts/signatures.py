@@ -243,7 +243,9 @@ class HeartbeatItem(NamedTuple):
     short_id: str
     token: str
     extend_ms: int
-    started: str  # '1' once the lease's run has begun (told once), else ''
+    # '1' once the lease's run has begun (told once); '2' the run goes on from an earlier
+    # lease whose start was told (this lease's attempt is given back); else ''
+    started: str
 
 
 class ReleaseItem(NamedTuple):

@@ -53,6 +53,9 @@ class Held:
     start_told: bool = False
     tell_by: float | None = None
     telling: bool = False
+    # The run goes on from an earlier lease whose start was told (and charged): this lease
+    # tells so, and its attempt is given back.
+    continued: bool = False
     batch: bool = False  # a job of a batch task: gathered, then run in a call of many
     # Set (from the heartbeat) once someone cancelled the job; the task's context reads it.
     cancel_requested: bool = False

@@ -52,7 +52,7 @@ START_TELL = 0.5  # seconds: the loop looks this often for runs that began, and 
 BEAT_MOST = max_items("heartbeat")  # leases one heartbeat call carries at most
 
 # What a heartbeat call was for: the held jobs and the leases it extends, in order.
-Beat = tuple[list[Held], list[tuple[str, str, int, bool]]]
+Beat = tuple[list[Held], list[tuple[str, str, int, str]]]
 
 
 def beat_interval(held: Held) -> float:
@@ -64,6 +64,13 @@ def _untold(held: Held) -> bool:
     """Whether ``held``'s run began (or is about to) and Redis has not been told."""
     return (held.started_at is not None or held.telling) and not held.start_told \
         and not held.lease_lost
+
+
+def _telling(held: Held) -> str:
+    """What ``held``'s next heartbeat tells of its run (see :func:`calls.heartbeat`)."""
+    if not _untold(held):
+        return ""
+    return calls.CONTINUED if held.continued else calls.STARTED
 
 
 class LeaseKeeper:
@@ -215,7 +222,7 @@ class LeaseKeeper:
         # one call may carry (MAX_COMMAND_ARGS): one call per part, in turn.
         for start in range(0, len(jobs), BEAT_MOST):
             part = jobs[start:start + BEAT_MOST]
-            leases = [(h.leased.short_id, h.leased.token, h.leased.visibility_ms, _untold(h))
+            leases = [(h.leased.short_id, h.leased.token, h.leased.visibility_ms, _telling(h))
                       for h in part]
             beat: Beat = (part, leases)
             call = calls.heartbeat(self._keys(queue), leases)

@@ -141,7 +141,11 @@ class Slots:
             log.warning("job %s was leased again while it still runs here: the run goes on"
                         " under the new lease", leased.short_id)
             running.leased, running.lease_lost, running.next_beat = leased, False, None
-            running.start_told, running.tell_by = False, None
+            # One run, one attempt: a run whose start was told under the earlier lease
+            # (charged when it was reclaimed) tells at once that it goes on under this one.
+            running.continued = running.continued or running.start_told
+            running.start_told = False
+            running.tell_by = 0.0 if running.continued else None
             self.leased.set()
             return
         held = Held(queue, leased)

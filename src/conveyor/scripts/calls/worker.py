@@ -249,16 +249,23 @@ def finish(
 BEAT_LOST, BEAT_KEPT, BEAT_CANCEL = 0, 1, 2
 
 
+# What a heartbeat tells of a lease's run (heartbeat.lua): nothing, that it began, or
+# that it goes on from an earlier lease whose start was told (this lease costs no attempt).
+STARTED, CONTINUED = "1", "2"
+
+
 def heartbeat(
-    k: QueueKeys, leases: Sequence[tuple[str, str, int] | tuple[str, str, int, bool]],
+    k: QueueKeys, leases: Sequence[tuple[str, str, int] | tuple[str, str, int, bool | str]],
     now: float | None = None
 ) -> ScriptCall[list[int]]:
     """Extend leases given as (short id, token, extend_ms[, started]); per lease
     :data:`BEAT_KEPT`, :data:`BEAT_LOST`, or :data:`BEAT_CANCEL` (kept, and the job is to
-    be cancelled). ``started``: the lease's run has begun (told once; see heartbeat.lua)."""
+    be cancelled). ``started``: True (or :data:`STARTED`) once the lease's run has begun,
+    :data:`CONTINUED` when it goes on from an earlier lease's (see heartbeat.lua)."""
     rest: list[Arg] = []
     for lease in leases:
-        started = "1" if len(lease) > 3 and lease[3] else ""
+        told = lease[3] if len(lease) > 3 else ""
+        started = STARTED if told is True else (told or "")
         rest.extend(HeartbeatItem(lease[0], lease[1], lease[2], started))
     return _call("heartbeat", k, HeartbeatArgv(_now(now), len(leases)), rest,
                  lambda r: [int(c) for c in r])
