@@ -141,6 +141,23 @@ def test_a_job_started_in_time_keeps_running_and_a_retry_expires_later(
     assert app.redis.zscore(k.delayed, "a") is None
 
 
+def test_a_job_handed_back_by_a_stop_is_back_on_its_timer(app: conveyor.Conveyor) -> None:
+    """A stop hands a leased job back (release): it waits again, so it ends expired when
+    its time passes, even if the next fetch leases another job and never meets it."""
+    k = app.keys("x")
+    spec = calls.JobSpec(task="t", expires="+500")
+    app.scripts.run(calls.enqueue(k, spec, [("a", b"[[]]")], app.limits, now=T0))
+    held = app.scripts.run(calls.fetch(k, 5, app.limits, now=T0)).jobs[0]
+    assert app.scripts.run(calls.release(k, [(held.short_id, held.token)])) == 1
+    assert app.redis.zscore(k.expiring, "a") == T0 + 500
+    other = calls.JobSpec(task="t", tenant="t2")  # its own tenant: the fetch may take it
+    app.scripts.run(calls.enqueue(k, other, [("b", b"[[]]")], app.limits, now=T0 + 600))
+    fetched = app.scripts.run(calls.fetch(k, 1, app.limits, now=T0 + 600))
+    assert fetched.expired == ["a"] and app.redis.hget(k.job("a"), "s") == b"expired"
+    assert [j.short_id for j in fetched.jobs] == ["b"]
+    assert int(app.redis.hget(k.counts, "ready") or 0) == 0
+
+
 def test_expiry_options_are_checked(app: conveyor.Conveyor) -> None:
     @app.task(name="t", queue="x")
     def t() -> None:

@@ -32,7 +32,7 @@ KEYS: dict[str, tuple[str, ...]] = {
                "ready_prefix", "ring_prefix", "priorities", "suspended", "expiring"),
     "heartbeat": ("job_prefix", "leases", "cancelling"),
     "release": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "leases", "counts",
-                "active", "wake", "running", "parked", "limits"),
+                "active", "wake", "running", "parked", "limits", "expiring"),
     "cancel": ("job_prefix", "delayed", "counts", "dedupe_prefix", "cancelling", "suspended"),
     "requeue_dead": ("job_prefix", "ready_prefix", "ring_prefix", "priorities", "dead",
                      "counts", "wake", "dedupe_prefix"),
