@@ -206,8 +206,8 @@ class BatchMachine(RuleBasedStateMachine):
                     job.attempts -= 1
                     job.unstarted += 1
                 job.token = ""
-                if job.cancel:  # (the contract would say expired past the deadline: see
-                    job.state = "cancelled"  # test_deadline_passed_then_lease_lost)
+                if job.cancel:  # expired when the cancel was its deadline's
+                    job.state = self._ended_by_cancel(job)
                 elif job.began and job.attempts >= job.max_attempts:
                     job.state = "dead"
                 else:
@@ -355,10 +355,9 @@ class BatchMachine(RuleBasedStateMachine):
         if job.state != "active" or outcome.token != job.token:
             return calls.FINISH_REFUSED
         job.token = ""
-        # (Past its deadline with no fetch since, nothing asked the run to cancel yet and
-        # the scripts record what it reports; the contract says expired: see
-        # test_a_run_that_ends_past_its_deadline_is_expired.)
-        if job.cancel:
+        # Past its deadline the job is expired whatever the run reports, also when no fetch
+        # asked the run to cancel yet.
+        if job.cancel or (job.deadline is not None and self.now >= job.deadline):
             job.state = self._ended_by_cancel(job)
             return calls.FINISH_EXPIRED if job.state == "expired" else calls.FINISH_CANCELLED
         end = self._contract(job, mark, raises)
@@ -528,11 +527,9 @@ BatchMachine.TestCase.settings = settings(
 test_batches_match_their_model = BatchMachine.TestCase
 
 
-# -- where the scripts and the contract disagree -------------------------------------------
-# The model above follows the scripts on these two points, so that it checks everything
-# else; these tests hold the contract's side (DESIGN §6: a job with ``deadline`` "must
-# finish within" it, "cancelled as a running job is when it passes, then 'expired'") and
-# pass once the scripts do.
+# -- a deadline's end, whichever way the run is told ----------------------------------------
+# DESIGN §6: a job with ``deadline`` "must finish within" it, "cancelled as a running job is
+# when it passes, then 'expired'".
 
 
 def _one_job(deadline_ms: int) -> tuple[conveyor.Conveyor, Any, str]:
@@ -546,9 +543,9 @@ def _one_job(deadline_ms: int) -> tuple[conveyor.Conveyor, Any, str]:
     return app, k, fetched.jobs[0].token
 
 
-@pytest.mark.xfail(strict=True, reason="a lease reclaimed after the deadline cancelled its run"
-                   " ends 'cancelled' (include/maintain.lua), its finish would say 'expired'")
 def test_a_run_cancelled_by_its_deadline_whose_lease_is_lost_ends_expired() -> None:
+    """DESIGN 6: past its deadline a running job is cancelled, then 'expired' — also when
+    its holder died before it heard of the cancel (the fetch that reclaims the lease)."""
     app, k, token = _one_job(1500)
     try:
         assert app.scripts.run(calls.heartbeat(k, [("j1", token, VT, True)], now=T0 + 900)) \
@@ -561,9 +558,9 @@ def test_a_run_cancelled_by_its_deadline_whose_lease_is_lost_ends_expired() -> N
         app.close()
 
 
-@pytest.mark.xfail(strict=True, reason="a finish past the deadline that no fetch's timer met"
-                   " yet records the run's outcome (include/settle.lua final_outcome)")
 def test_a_run_that_ends_past_its_deadline_is_expired() -> None:
+    """A finish past the deadline is 'expired' whatever the run reports, also before any
+    fetch's timer asked to cancel the run."""
     app, k, token = _one_job(500)
     try:
         done = app.scripts.run(calls.finish(

@@ -161,9 +161,10 @@ class ExpiryMachine(RuleBasedStateMachine):
         end = calls.Outcome(short, job.token, outcome, self.now / 1000, b"\x90", 1000)
         done = self.run(calls.finish(self.k, [end], self.app.limits, now=self.now))
         assert isinstance(done, calls.Finished)
-        if job.cancel:
-            past = job.deadline is not None and self.now >= job.deadline
-            job.state = "expired" if past else "cancelled"
+        if job.deadline is not None and self.now >= job.deadline:
+            job.state = "expired"  # whatever the run reports, asked to cancel yet or not
+        elif job.cancel:
+            job.state = "cancelled"
         elif outcome == "ok":
             job.state = "succeeded"
         elif outcome == "retry":

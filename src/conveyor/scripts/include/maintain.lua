@@ -50,14 +50,20 @@ local function promote_due(k, now, limit, cfg, tally, out)
 end
 
 -- A job someone asked to cancel whose holder died before it learned of it: it ends
--- cancelled now rather than run again.
-local function cancel_lapsed(k, cfg, now, id, r)
+-- cancelled now rather than run again; expired when its deadline passed (the timer asked).
+local function cancel_lapsed(k, cfg, tally, now, id, r, out)
   local finished_at = seconds(now)
-  redis.call('HSET', k.job_prefix .. id, 's', 'cancelled', 'token', '', 'error', r.cancel,
+  local deadline = tonumber(redis.call('HGET', k.job_prefix .. id, 'dl'))
+  local state = (deadline and now >= deadline) and 'expired' or 'cancelled'
+  if state == 'expired' then
+    count(tally, r.task, 'expired', 1)
+    out.expired[#out.expired + 1] = id
+  end
+  redis.call('HSET', k.job_prefix .. id, 's', state, 'token', '', 'error', r.cancel,
     'finished_at', finished_at)
   redis.call('EXPIRE', k.job_prefix .. id, tonumber(r.cancel_ttl) or 86400)
   free_dedupe_key(k.dedupe_prefix, r.key, id)
-  emit_event(k.events, cfg.events_maxlen, id, { task = r.task, state = 'cancelled',
+  emit_event(k.events, cfg.events_maxlen, id, { task = r.task, state = state,
     attempts = r.attempts or '0', enqueued_ms = r.enqueued_ms, run_at = r.run_at,
     started_at = r.started_at, finished_at = finished_at, tenant = r.tenant, error = r.cancel,
     trace = r.trace })
@@ -168,7 +174,7 @@ local function reclaim_expired(k, now, limit, cfg, tally, out)
         redis.call('HSET', key, 'attempts', math.max(0, attempts - 1))
         add_count(key, 'lu', 1)
       end
-      cancel_lapsed(k, cfg, now, id, r)
+      cancel_lapsed(k, cfg, tally, now, id, r, out)
     elseif r.state == 'active' then
       if release_active(k.active, r.task) then recount = true end
       flow_ended(k, 1, { [r.tenant or ''] = 1 })

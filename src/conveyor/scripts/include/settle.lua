@@ -39,11 +39,13 @@ end
 -- dead. f holds the record's fields as finish reads them (attempts f[4], max f[5], snoozes
 -- f[12]).
 local function final_outcome(outcome, payload, f, snooze_cap, now)
-  if f[11] then
-    -- Cancelled because its deadline passed (f[17], include/expiry.lua): expired.
-    if f[17] and now >= (tonumber(f[17]) or now) then return 'expired', f[11] end
-    return 'cancelled', f[11]
+  -- Past its deadline (f[17], include/expiry.lua) the job is expired, whatever the run
+  -- reports: whether the timer had asked to cancel it yet or not.
+  local deadline = tonumber(f[17])
+  if deadline and now >= deadline then
+    return 'expired', f[11] or ('deadline passed at ' .. seconds(deadline))
   end
+  if f[11] then return 'cancelled', f[11] end
   if outcome == 'retry' and (tonumber(f[4]) or 1) >= (tonumber(f[5]) or DEFAULT_MAX_ATTEMPTS) then
     return 'dead', payload
   end
