@@ -27,6 +27,8 @@ class Worker:
     """A ``conveyor worker`` process and the lines of its stderr, read as they come."""
 
     def __init__(self, url: str, namespace: str, *args: str, verbose: bool = False) -> None:
+        """:param verbose: ``-v`` given to the command group (``conveyor -v worker``); the
+            worker command's own ``-v`` goes in ``args``"""
         env = env_with_src()
         env.update(CONVEYOR_REDIS_URL=url, CLI_TEST_NAMESPACE=namespace)
         self.proc = subprocess.Popen(
@@ -119,6 +121,18 @@ def test_json_lines_parse_and_verbose_adds_a_line_per_job(
     assert by_job[bad.id]["outcome"] == "dead" and by_job[bad.id]["level"] == "WARNING"
     assert by_job[bad.id]["error"] == "ValueError: negative input -5"
     assert all(r["time"].endswith("Z") for r in records)
+
+
+def test_the_worker_commands_own_verbose_flag_adds_a_line_per_job(
+        cli_app: tuple[ModuleType, str], redis_server: RedisServer) -> None:
+    module, namespace = cli_app
+    worker = Worker(redis_server.url, namespace, "-v")  # conveyor worker APP ... -v
+    try:
+        ok = module.double.enqueue(6)
+        line = worker.wait_for(f"job {ok.id} (cli.double) succeeded")
+        assert "INFO conveyor.jobs.done" in line
+    finally:
+        stop_processes([worker.proc])
 
 
 def test_redis_down_is_said_once_then_reached(cli_app: tuple[ModuleType, str],

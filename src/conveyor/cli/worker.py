@@ -67,12 +67,14 @@ def parse_size(value: str | None) -> int | None:
               help="Seconds running jobs get to finish after SIGTERM/SIGINT.")
 @click.option("--log-format", type=click.Choice(logs.FORMATS), default="text",
               show_default=True, help="Log lines on stderr: text, or one JSON object per line.")
+@click.option("-v", "--verbose", count=True,
+              help="A line per job that ends (-vv for debug); the same as `conveyor -v worker`.")
 @click.pass_context
 def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurrency: int,
            processes: int | None, autoscale: str | None, target_wait: float,
            cooldown: float | None, max_jobs_per_child: int | None,
            max_memory_per_child: str | None, burst: bool, grace: float,
-           log_format: str) -> None:
+           log_format: str, verbose: int) -> None:
     """Consume jobs of MODULE:APP.
 
     SIGTERM or Ctrl-C stops fetching and lets running jobs finish within --grace; a second
@@ -89,7 +91,7 @@ def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurren
     """
     bounds = parse_bounds(autoscale)
     memory = parse_size(max_memory_per_child)
-    verbose = ctx.meta.get(VERBOSE_KEY, 0)
+    verbose += ctx.meta.get(VERBOSE_KEY, 0)  # the group's -v and the command's add up
     logs.configure(verbose, log_format, worker=True)
     app = load_app(app_spec)
     logs.OUTAGES.url = app.url
