@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -10,9 +11,9 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -23,6 +24,9 @@ import conveyor
 # CONVEYOR_REDIS_SERVER names another server binary (the engine matrix, `make engines`).
 REDIS_SERVER = (os.environ.get("CONVEYOR_REDIS_SERVER") or shutil.which("redis-server")
                 or "/usr/bin/redis-server")
+
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -101,6 +105,20 @@ class RedisServer:
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_async(app: conveyor.Conveyor, main: Awaitable[T]) -> T:
+    """``asyncio.run(main)``, closing ``app``'s asyncio client of that loop before the loop
+    ends: the app keeps a client per event loop, and one left open leaves its sockets to the
+    garbage collector (a ResourceWarning, which this suite counts as an error)."""
+
+    async def closing() -> T:
+        try:
+            return await main
+        finally:
+            await app.aclose()
+
+    return asyncio.run(closing())
 
 
 @contextlib.contextmanager

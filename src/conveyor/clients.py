@@ -110,6 +110,17 @@ class AsyncFollowingSentinelPool(_AsyncSentinelPool):  # type: ignore[misc]
         return await super().get_connection(*args, **kwargs)
 
 
+class AsyncSentinelClient(redis.asyncio.Redis):
+    """The asyncio client of a Sentinel-managed primary: closing it closes its connections
+    to the sentinels too, which redis-py's ``master_for`` client leaves open."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            await sentinel.aclose()
+
+
 CLUSTER_SUFFIX = "+cluster"
 SENTINEL_SUFFIX = "+sentinel"
 # A command's reply is due within this (every conveyor script is a millisecond or so even
@@ -248,7 +259,8 @@ def sync_client(url: str, **options: Any) -> Any:
                                    **options)
     options.setdefault("max_connections", POOL_SIZE)
     options.setdefault("timeout", POOL_WAIT)
-    return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
+    # from_pool: the client owns its pool, so closing the client closes its connections
+    return redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
 
 
 def async_client(url: str, **options: Any) -> Any:
@@ -265,11 +277,11 @@ def async_client(url: str, **options: Any) -> Any:
         sentinel_kwargs = _sentinel_options(target, options)
         sentinel = _AsyncSentinel(list(target.sentinels),
                                                    sentinel_kwargs=sentinel_kwargs, **options)
-        return sentinel.master_for(target.service,
+        return sentinel.master_for(target.service, redis_class=AsyncSentinelClient,
                                    connection_pool_class=AsyncFollowingSentinelPool, **options)
     if urlparse(url).scheme == "redis":
         options.setdefault("connection_class", HiredisPackedConnection)
     options.setdefault("max_connections", POOL_SIZE)
     options.setdefault("timeout", POOL_WAIT)
     pool = redis.asyncio.BlockingConnectionPool.from_url(url, **options)
-    return redis.asyncio.Redis(connection_pool=pool)
+    return redis.asyncio.Redis.from_pool(pool)  # owns its pool: aclose() disconnects it
