@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -15,6 +17,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -212,6 +215,72 @@ def env_with_src() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root / "tests"),
                                          env.get("PYTHONPATH", "")])
     return env
+
+
+class ModuleServer:
+    """A redis-server private to one test module, for code that gets no fixtures: a
+    hypothesis state machine is built by hypothesis, so it reads the server from a module
+    global. Declare ``SERVER = ModuleServer()`` and ``_server = SERVER.fixture()`` at
+    module level; the server runs while the module's tests do."""
+
+    def __init__(self) -> None:
+        self.server: RedisServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None, "the module's server runs only during its tests"
+        return self.server.url
+
+    def fixture(self) -> Any:
+        @pytest.fixture(scope="module", autouse=True)
+        def private_server() -> Iterator[RedisServer]:
+            self.server = RedisServer().start()
+            try:
+                yield self.server
+            finally:
+                self.server.cleanup()
+                self.server = None
+
+        return private_server
+
+
+CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
+TESTS = Path(__file__).parent
+
+
+class WorkerProcesses:
+    """``conveyor worker <target> <args>`` processes run from the tests folder, each
+    one's output in a file of ``tmp``. The test application reads its namespace from the
+    environment variable ``namespace_var``."""
+
+    def __init__(self, app: conveyor.Conveyor, tmp: Path, target: str, namespace_var: str,
+                 args: tuple[str, ...] = ()) -> None:
+        self.app, self.tmp, self.target, self.args = app, tmp, target, args
+        self.env = env_with_src() | {"CONVEYOR_REDIS_URL": app.url,
+                                     namespace_var: app.namespace}
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> subprocess.Popen[bytes]:
+        with (self.tmp / f"worker-{len(self.procs)}.log").open("wb") as log:
+            proc = subprocess.Popen([CONVEYOR, "worker", self.target, *self.args],
+                                    env=self.env, cwd=TESTS, stdout=log,
+                                    stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def log(self, proc: subprocess.Popen[bytes]) -> str:
+        return (self.tmp / f"worker-{self.procs.index(proc)}.log").read_text(errors="replace")
+
+    def logs(self) -> str:
+        """The end of every worker's output, for a failure message."""
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted(self.tmp.glob("worker-*.log")))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a stopped worker cannot act on SIGTERM
+        stop_processes(self.procs)
 
 
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
