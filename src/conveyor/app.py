@@ -299,7 +299,9 @@ class Conveyor:
         wrong type wakes nobody: idle workers also look for work after each quiet spell)."""
         k = self.keys(queue)
         with self.redis.pipeline(transaction=False) as pipe:
-            pipe.delete(k.paused).lpush(k.wake, b"1").ltrim(k.wake, 0, 0)
+            pipe.delete(k.paused)  # one by one: a Cluster pipeline's delete() chains nothing
+            pipe.lpush(k.wake, b"1")
+            pipe.ltrim(k.wake, 0, 0)
             resumed = pipe.execute(raise_on_error=False)[0]
         if isinstance(resumed, Exception):
             raise resumed
