@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import os
-import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
@@ -78,9 +76,7 @@ class Conveyor:
         self.periodics: list[Periodic] = []
         self.dead_hooks: list[Callable[[JobInfo], Any]] = []
         self.expire_hooks: list[Callable[[JobInfo], Any]] = []
-        self._async: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[Any, AsyncScriptRunner]
-        ] = weakref.WeakKeyDictionary()
+        self._async = clients.PerLoop()  # asyncio clients, one per event loop
         self._registered_queues: set[str] = set()
         self.hooks: list[Hook] = []  # tracing and test helpers: see conveyor.hooks
         # where jobs go: Redis, or conveyor.testing.inline's runner (see conveyor.producer)
@@ -101,21 +97,12 @@ class Conveyor:
     def scripts(self) -> ScriptRunner:
         return ScriptRunner(self.redis)
 
-    def _async_pair(self) -> tuple[Any, AsyncScriptRunner]:
-        loop = asyncio.get_running_loop()
-        pair = self._async.get(loop)
-        if pair is None:
-            client = clients.async_client(self.url)
-            pair = (client, AsyncScriptRunner(client))
-            self._async[loop] = pair
-        return pair
-
     def aredis(self) -> Any:  # redis.asyncio.Redis
         """The asyncio client of the running event loop (one per loop), replies as bytes."""
-        return self._async_pair()[0]
+        return self._async.get(self.url)[0]
 
     def ascripts(self) -> AsyncScriptRunner:
-        return self._async_pair()[1]
+        return self._async.get(self.url)[1]
 
     def close(self) -> None:
         """Close the synchronous client's connections."""
@@ -126,10 +113,7 @@ class Conveyor:
 
     async def aclose(self) -> None:
         """Close the running loop's asyncio client."""
-        loop = asyncio.get_running_loop()
-        pair = self._async.pop(loop, None)
-        if pair is not None:
-            await pair[0].aclose()
+        await self._async.aclose()
 
     def keys(self, queue: str) -> keyspace.QueueKeys:
         return keyspace.queue_keys(self.namespace, queue)

@@ -30,8 +30,10 @@ its own), use TCP keepalive, and are health-checked with a PING when idle for a 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -47,6 +49,7 @@ from redis.asyncio.connection import Connection as AsyncConnection
 from redis.connection import HiredisRespSerializer
 
 from .errors import ConfigurationError
+from .scripts import AsyncScriptRunner
 
 
 class HiredisPackedConnection(AsyncConnection):
@@ -285,3 +288,29 @@ def async_client(url: str, **options: Any) -> Any:
     options.setdefault("timeout", POOL_WAIT)
     pool = redis.asyncio.BlockingConnectionPool.from_url(url, **options)
     return redis.asyncio.Redis.from_pool(pool)  # owns its pool: aclose() disconnects it
+
+
+class PerLoop:
+    """An app's asyncio clients: one client (and its script runner) per event loop, since
+    a connection belongs to the loop that opened it. A loop that is gone drops its pair."""
+
+    def __init__(self) -> None:
+        self._pairs: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[Any, AsyncScriptRunner]
+        ] = weakref.WeakKeyDictionary()
+
+    def get(self, url: str) -> tuple[Any, AsyncScriptRunner]:
+        """The running loop's client and script runner, made for ``url`` on first use."""
+        loop = asyncio.get_running_loop()
+        pair = self._pairs.get(loop)
+        if pair is None:
+            client = async_client(url)
+            pair = (client, AsyncScriptRunner(client))
+            self._pairs[loop] = pair
+        return pair
+
+    async def aclose(self) -> None:
+        """Close the running loop's client."""
+        pair = self._pairs.pop(asyncio.get_running_loop(), None)
+        if pair is not None:
+            await pair[0].aclose()
