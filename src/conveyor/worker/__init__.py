@@ -121,10 +121,12 @@ class Worker:
             try:
                 end_leftovers(loop, STOP_STEP_SECONDS)
                 # A leftover that sent a command after arun closed the client opened its
-                # connections again (redis-py reconnects on use): closed once more here,
-                # when nothing can use them, so the loop does not close over live sockets.
+                # connections again (redis-py reconnects on use), or made the app a new
+                # client for this loop: both closed here, when nothing can use them, so the
+                # loop does not close over live sockets.
                 if self._client is not None:
                     loop.run_until_complete(self._close(self._client))
+                loop.run_until_complete(self._close(self.app))
             finally:
                 loop.close()
 
