@@ -59,6 +59,27 @@ def cluster() -> Iterator[RedisCluster]:
     made.cleanup()
 
 
+@pytest.fixture(scope="session")
+def session_cluster() -> Iterator[RedisCluster]:
+    """One 3-primary Cluster for the whole session, for tests that isolate by namespace."""
+    made = RedisCluster().start()
+    yield made
+    made.cleanup()
+
+
+@pytest.fixture(params=["server", "cluster"])
+def app_on_each(request: pytest.FixtureRequest, redis_server: RedisServer,
+                namespace: str) -> Iterator[conveyor.Conveyor]:
+    """An app on the session's plain server, then on the session's Cluster: a test that
+    takes it runs on both, and on the Cluster a script that touches a key outside its
+    queue's hash slot fails (Redis refuses a cross-slot key in a script)."""
+    url = (redis_server.url if request.param == "server"
+           else request.getfixturevalue("session_cluster").url)
+    application = conveyor.Conveyor(url, namespace=namespace)
+    yield application
+    application.close()
+
+
 @pytest.fixture
 def capp(cluster: RedisCluster) -> Iterator[conveyor.Conveyor]:
     """An app on the module's cluster, with a namespace of its own."""

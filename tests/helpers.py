@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -23,6 +27,9 @@ import conveyor
 # CONVEYOR_REDIS_SERVER names another server binary (the engine matrix, `make engine-matrix`).
 REDIS_SERVER = (os.environ.get("CONVEYOR_REDIS_SERVER") or shutil.which("redis-server")
                 or "/usr/bin/redis-server")
+
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -118,6 +125,20 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def run_async(app: conveyor.Conveyor, main: Awaitable[T]) -> T:
+    """``asyncio.run(main)``, closing ``app``'s asyncio client of that loop before the loop
+    ends: the app keeps a client per event loop, and one left open leaves its sockets to the
+    garbage collector (a ResourceWarning, which this suite counts as an error)."""
+
+    async def closing() -> T:
+        try:
+            return await main
+        finally:
+            await app.aclose()
+
+    return asyncio.run(closing())
+
+
 @contextlib.contextmanager
 def running_worker(app: conveyor.Conveyor, **options: Any) -> Iterator[conveyor.Worker]:
     """Run a worker in a thread for the duration of the block, then stop it gracefully."""
@@ -209,6 +230,72 @@ def env_with_src() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root / "tests"),
                                          env.get("PYTHONPATH", "")])
     return env
+
+
+class ModuleServer:
+    """A redis-server private to one test module, for code that gets no fixtures: a
+    hypothesis state machine is built by hypothesis, so it reads the server from a module
+    global. Declare ``SERVER = ModuleServer()`` and ``_server = SERVER.fixture()`` at
+    module level; the server runs while the module's tests do."""
+
+    def __init__(self) -> None:
+        self.server: RedisServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None, "the module's server runs only during its tests"
+        return self.server.url
+
+    def fixture(self) -> Any:
+        @pytest.fixture(scope="module", autouse=True)
+        def private_server() -> Iterator[RedisServer]:
+            self.server = RedisServer().start()
+            try:
+                yield self.server
+            finally:
+                self.server.cleanup()
+                self.server = None
+
+        return private_server
+
+
+CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
+TESTS = Path(__file__).parent
+
+
+class WorkerProcesses:
+    """``conveyor worker <target> <args>`` processes run from the tests folder, each
+    one's output in a file of ``tmp``. The test application reads its namespace from the
+    environment variable ``namespace_var``."""
+
+    def __init__(self, app: conveyor.Conveyor, tmp: Path, target: str, namespace_var: str,
+                 args: tuple[str, ...] = ()) -> None:
+        self.app, self.tmp, self.target, self.args = app, tmp, target, args
+        self.env = env_with_src() | {"CONVEYOR_REDIS_URL": app.url,
+                                     namespace_var: app.namespace}
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> subprocess.Popen[bytes]:
+        with (self.tmp / f"worker-{len(self.procs)}.log").open("wb") as log:
+            proc = subprocess.Popen([CONVEYOR, "worker", self.target, *self.args],
+                                    env=self.env, cwd=TESTS, stdout=log,
+                                    stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def log(self, proc: subprocess.Popen[bytes]) -> str:
+        return (self.tmp / f"worker-{self.procs.index(proc)}.log").read_text(errors="replace")
+
+    def logs(self) -> str:
+        """The end of every worker's output, for a failure message."""
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted(self.tmp.glob("worker-*.log")))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a stopped worker cannot act on SIGTERM
+        stop_processes(self.procs)
 
 
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import conveyor
-from helpers import running_worker, wait_until
+from helpers import run_async, running_worker, wait_until
 
 
 def test_enqueue_and_result(app: conveyor.Conveyor) -> None:
@@ -180,7 +180,7 @@ def test_async_twins(app: conveyor.Conveyor) -> None:
         assert info.state == conveyor.JobState.READY
         return one, many
 
-    one, many = asyncio.run(scenario())
+    one, many = run_async(app, scenario())
     with running_worker(app, concurrency=2):
         assert one.result(timeout=10) == 6
         assert [j.result(timeout=10) for j in many] == [1, 4]

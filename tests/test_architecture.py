@@ -17,6 +17,9 @@
   (``worker.slots``) is told nothing of who fills or empties it (the consumer, the wake
   listener, the outbox, the lease keeper, the shutdown), and the outbox only records
   outcomes: alerts and hooks hear of dead jobs through ``worker.dead``.
+* The inline runner (``conveyor.testing``) is known only to itself and its batch part
+  (``conveyor.inline_batches``): the app, job handles and the monitor reach its records
+  through the app's sender (``Sender.record``), never by importing it.
 * One module asks Redis for its clock (``conveyor.clock``) and one Lua helper
   (``scripts/include/clock.lua``): every other module and script gets the server's time
   from them, so "now" means the same thing everywhere.
@@ -232,6 +235,42 @@ def test_the_layering_check_catches_each_kind_of_import() -> None:
     ]
     for name, is_package, source in allowed:
         assert layering_violations([parse(name, source, is_package=is_package)]) == [], source
+
+
+TESTING = "conveyor.testing"
+TESTING_PARTS = ("conveyor.testing", "conveyor.inline_batches")
+
+
+def inline_runner_importers(modules: list[Module]) -> list[str]:
+    """Places outside the inline runner's own modules that import it."""
+    return sorted(f"{module.path}:{line} imports {target}" for module in modules
+                  if module.name not in TESTING_PARTS
+                  for line, target, _ in imported(module) if _within(target, TESTING))
+
+
+def test_only_the_inline_runner_imports_itself() -> None:
+    modules = package_modules()
+    assert set(TESTING_PARTS) <= {m.name for m in modules}
+    assert inline_runner_importers(modules) == []
+
+
+def test_the_testing_check_catches_each_kind_of_import() -> None:
+    caught = [
+        ("conveyor.app", "from .testing import InlineRunner"),
+        ("conveyor.job", "def f():\n    from . import testing\n"),
+        ("conveyor.monitor.lists", "import conveyor.testing"),
+        ("conveyor.app", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                         "    from .testing import InlineRunner\n"),
+    ]
+    for name, source in caught:
+        assert inline_runner_importers([parse(name, source)]), source
+    fine = [
+        ("conveyor.inline_batches", "from .testing import InlineRunner"),
+        ("conveyor.app", "from .producer import Sender"),
+        ("conveyor.job", "from . import hooks"),
+    ]
+    for name, source in fine:
+        assert inline_runner_importers([parse(name, source)]) == [], source
 
 
 CLOCK_MODULE = "conveyor.clock"

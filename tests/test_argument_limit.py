@@ -14,7 +14,7 @@ import pytest
 import conveyor
 from conveyor.scripts import MAX_COMMAND_ARGS, CommandTooLong, ScriptCall, calls, max_items
 from conveyor.scripts.calls.enqueue import JobSpec
-from helpers import RedisServer, running_worker, wait_until
+from helpers import RedisServer, run_async, running_worker, wait_until
 
 MORE = re.compile(rb"^\.\.\. \((\d+) more arguments\)$")
 
@@ -97,7 +97,6 @@ def oversized() -> tuple[ScriptCall[Any], ScriptCall[Any]]:
 @pytest.mark.parametrize("how", ["run", "send_all", "arun"])
 def test_a_call_over_the_limit_is_refused_before_it_is_sent(logged: conveyor.Conveyor,
                                                            how: str) -> None:
-    import asyncio
 
     largest, too_long = oversized()
     sent_before = logged.redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
@@ -111,7 +110,7 @@ def test_a_call_over_the_limit_is_refused_before_it_is_sent(logged: conveyor.Con
             async def arun() -> None:
                 await logged.ascripts().run(too_long)
 
-            asyncio.run(arun())
+            run_async(logged, arun())
     stats = logged.redis.info("commandstats")
     assert stats.get("cmdstat_evalsha", {}).get("calls", 0) == sent_before
     assert logged.scripts.run(largest) == [(f"j{i}", True) for i in range(max_items("enqueue"))]

@@ -6,8 +6,6 @@ item's token)."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +15,7 @@ import pytest
 import conveyor
 from apps.batch_app import hold_key, ledger_key, make_app
 from conveyor import JobState
-from helpers import RedisServer, env_with_src, start_told, stop_processes, wait_until
-
-CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
-HERE = Path(__file__).parent
+from helpers import RedisServer, WorkerProcesses, start_told, stop_processes, wait_until
 
 
 @pytest.fixture
@@ -30,66 +25,42 @@ def bapp(redis_server: RedisServer, namespace: str) -> Iterator[conveyor.Conveyo
     application.close()
 
 
-class Workers:
-    """``conveyor worker apps.batch_app:app`` processes, each one's output in a file."""
-
-    def __init__(self, app: conveyor.Conveyor, tmp: Path) -> None:
-        self.app, self.tmp = app, tmp
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.env = env_with_src() | {"CONVEYOR_REDIS_URL": app.url,
-                                     "BATCH_NAMESPACE": app.namespace}
-
-    def start(self) -> subprocess.Popen[bytes]:
-        log = (self.tmp / f"worker-{len(self.procs)}.log").open("wb")
-        proc = subprocess.Popen([CONVEYOR, "worker", "apps.batch_app:app", "-q", "index",
-                                 "-c", "2"], env=self.env, cwd=HERE, stdout=log,
-                                stderr=subprocess.STDOUT)
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def log(self, proc: subprocess.Popen[bytes]) -> str:
-        return (self.tmp / f"worker-{self.procs.index(proc)}.log").read_text(errors="replace")
-
-    def ledger(self) -> list[str]:
-        key = ledger_key(self.app.namespace)
-        return [e.decode() for e in self.app.redis.lrange(key, 0, -1)]
+def _ledger(app: conveyor.Conveyor) -> list[str]:
+    return [e.decode() for e in app.redis.lrange(ledger_key(app.namespace), 0, -1)]
 
 
 @pytest.fixture
-def workers(bapp: conveyor.Conveyor, tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(bapp, tmp_path)
+def workers(bapp: conveyor.Conveyor, tmp_path: Path) -> Iterator[WorkerProcesses]:
+    w = WorkerProcesses(bapp, tmp_path, "apps.batch_app:app", "BATCH_NAMESPACE",
+                        ("-q", "index", "-c", "2"))
     yield w
-    for proc in w.procs:  # a stopped one would ignore SIGTERM
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-    stop_processes(w.procs)
+    w.stop()
 
 
 @pytest.mark.timeout(90)
 def test_a_worker_killed_mid_call_leaves_every_item_to_run_again_once(
-        bapp: conveyor.Conveyor, workers: Workers) -> None:
-    ns, start, ledger = bapp.namespace, workers.start, workers.ledger
+        bapp: conveyor.Conveyor, workers: WorkerProcesses) -> None:
+    ns, start = bapp.namespace, workers.start
     try:
         bapp.redis.set(hold_key(ns), 1)
         jobs = bapp.tasks["batch.index"].enqueue_many(range(30))
         first = start()
         # Two calls (max=20, -c 2) both under way: every job is in a call when killed.
-        wait_until(lambda: len([e for e in ledger() if e.startswith("start")]) == 30, 20,
+        wait_until(lambda: len([e for e in _ledger(bapp) if e.startswith("start")]) == 30, 20,
                    message="both calls under way")
         # Once told that the runs began, Redis charges the lost leases an attempt each.
         wait_until(lambda: all(start_told(bapp, j.id) for j in jobs), 10,
                    message="the starts told")
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        assert not any(e.startswith("done") for e in ledger())
+        assert not any(e.startswith("done") for e in _ledger(bapp))
         bapp.redis.delete(hold_key(ns))
         start()
         wait_until(lambda: all(j.info().state == JobState.SUCCEEDED for j in jobs), 40,
                    message="every job succeeded")
     finally:
         stop_processes(workers.procs)
-    done = Counter(e.split()[1] for e in ledger() if e.startswith("done"))
+    done = Counter(e.split()[1] for e in _ledger(bapp) if e.startswith("done"))
     assert done == Counter({str(n): 1 for n in range(30)})
     for n, job in enumerate(jobs):
         assert job.result(timeout=1).startswith(f"indexed {n} by ")
@@ -98,12 +69,12 @@ def test_a_worker_killed_mid_call_leaves_every_item_to_run_again_once(
 
 @pytest.mark.timeout(90)
 def test_a_stalled_workers_late_outcomes_are_refused_item_by_item(
-        bapp: conveyor.Conveyor, workers: Workers) -> None:
+        bapp: conveyor.Conveyor, workers: WorkerProcesses) -> None:
     ns = bapp.namespace
     bapp.redis.set(hold_key(ns), 1)
     jobs = bapp.tasks["batch.index"].enqueue_many(range(10))
     stalled = workers.start()
-    wait_until(lambda: len([e for e in workers.ledger() if e.startswith("start")]) == 10, 20,
+    wait_until(lambda: len([e for e in _ledger(bapp) if e.startswith("start")]) == 10, 20,
                message="the call under way")
     wait_until(lambda: all(start_told(bapp, j.id) for j in jobs), 10, message="the starts told")
     stalled.send_signal(signal.SIGSTOP)  # its heartbeats stop: the leases run out
@@ -117,5 +88,5 @@ def test_a_stalled_workers_late_outcomes_are_refused_item_by_item(
     for n, job in enumerate(jobs):
         assert job.result(timeout=1) == f"indexed {n} by {other.pid}"
         assert job.info().attempts == 2
-    done = [e for e in workers.ledger() if e.startswith("done")]
+    done = [e for e in _ledger(bapp) if e.startswith("done")]
     assert Counter(e.split()[2] for e in done) == {str(stalled.pid): 10, str(other.pid): 10}

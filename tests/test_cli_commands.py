@@ -83,7 +83,8 @@ def test_dashboard_by_url_and_namespace(app: conveyor.Conveyor) -> None:
     finally:
         stop_processes([proc])
     assert proc.stderr is not None
-    assert f"namespace {app.namespace}" in proc.stderr.read()
+    with proc.stderr:
+        assert f"namespace {app.namespace}" in proc.stderr.read()
 
 
 def listening_addresses(port: int) -> set[str]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import conveyor
 from conveyor import clock
 from conveyor.clock import ServerClock
+from helpers import run_async
 
 
 def _raw_time(app: conveyor.Conveyor) -> float:
@@ -26,7 +26,7 @@ def test_every_reader_agrees_with_the_server(app: conveyor.Conveyor) -> None:
     async def read() -> float:
         return await clock.aserver_now(app.aredis())
 
-    awaited = asyncio.run(read())
+    awaited = run_async(app, read())
     after = _raw_time(app)
     assert before <= direct <= piped <= awaited <= after
     assert after - before < 1.0
@@ -46,7 +46,7 @@ def test_a_synced_clock_follows_the_server_not_the_local_wall_clock(
     async def refresh() -> float:
         return await c.arefresh(app.aredis())
 
-    asyncio.run(refresh())
+    run_async(app, refresh())
     assert abs(c.now() - _raw_time(app)) < 0.5
 
 

@@ -60,9 +60,9 @@ class Project:
         return json.loads(self.manage("shell", "-c", code).strip().splitlines()[-1])
 
     def worker(self, *args: str) -> subprocess.Popen[bytes]:
-        log = open(self.tmp / "worker.log", "ab")  # noqa: SIM115 - closed with the process
-        return subprocess.Popen([self.python, "manage.py", "conveyor_worker", *args],
-                                cwd=PROJECT, env=self.env, stdout=log, stderr=log)
+        with (self.tmp / "worker.log").open("ab") as log:  # the process writes its own copy
+            return subprocess.Popen([self.python, "manage.py", "conveyor_worker", *args],
+                                    cwd=PROJECT, env=self.env, stdout=log, stderr=log)
 
 
 @pytest.fixture

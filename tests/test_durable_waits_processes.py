@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,38 +17,7 @@ import pytest
 import conveyor
 from apps.waits_app import ledger, make_app
 from conveyor import JobState
-from helpers import RedisServer, env_with_src, start_told, stop_processes, wait_until
-
-CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
-HERE = Path(__file__).parent
-
-
-class Workers:
-    """``conveyor worker apps.waits_app:app`` processes, each one's output in a file."""
-
-    def __init__(self, app: conveyor.Conveyor, tmp: Path) -> None:
-        self.app, self.tmp = app, tmp
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def env(self) -> dict[str, str]:
-        return env_with_src() | {"CONVEYOR_REDIS_URL": self.app.url,
-                                 "WAITS_NAMESPACE": self.app.namespace}
-
-    def start(self) -> subprocess.Popen[bytes]:
-        log = (self.tmp / f"worker-{len(self.procs)}.log").open("wb")
-        proc = subprocess.Popen([CONVEYOR, "worker", "apps.waits_app:app", "-q", "orders",
-                                 "-q", "images", "-c", "4"], env=self.env(), cwd=HERE,
-                                stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                         for p in sorted(self.tmp.glob("worker-*.log")))
-
-    def stop(self) -> None:
-        stop_processes(self.procs)
+from helpers import CONVEYOR, RedisServer, WorkerProcesses, start_told, wait_until
 
 
 @pytest.fixture
@@ -60,8 +28,9 @@ def wapp(redis_server: RedisServer, namespace: str) -> Iterator[conveyor.Conveyo
 
 
 @pytest.fixture
-def workers(wapp: conveyor.Conveyor, tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(wapp, tmp_path)
+def workers(wapp: conveyor.Conveyor, tmp_path: Path) -> Iterator[WorkerProcesses]:
+    w = WorkerProcesses(wapp, tmp_path, "apps.waits_app:app", "WAITS_NAMESPACE",
+                        ("-q", "orders", "-q", "images", "-c", "4"))
     yield w
     w.stop()
 
@@ -72,7 +41,7 @@ def _suspended(job: conveyor.Job) -> bool:
 
 @pytest.mark.timeout(150)
 def test_a_signal_sent_from_another_process_a_minute_later_resumes_the_job(
-        wapp: conveyor.Conveyor, workers: Workers) -> None:
+        wapp: conveyor.Conveyor, workers: WorkerProcesses) -> None:
     workers.start()
     job = wapp.tasks["waits.approval"].enqueue("a")
     wait_until(lambda: _suspended(job), 20, message=f"suspended\n{workers.logs()}")
@@ -80,7 +49,7 @@ def test_a_signal_sent_from_another_process_a_minute_later_resumes_the_job(
     assert _suspended(job) and wapp.monitor.backlog("orders").active == 0
     sent = subprocess.run([CONVEYOR, "signal", job.id, "go", "--data", json.dumps("ok"),
                            "--url", wapp.url, "--namespace", wapp.namespace],
-                          env=workers.env(), capture_output=True, text=True, timeout=30)
+                          env=workers.env, capture_output=True, text=True, timeout=30)
     assert sent.returncode == 0, sent.stdout + sent.stderr
     assert job.result(timeout=20) == "a:ok"
     seen = ledger(wapp.redis, wapp.namespace)
@@ -89,7 +58,7 @@ def test_a_signal_sent_from_another_process_a_minute_later_resumes_the_job(
 
 @pytest.mark.timeout(120)
 def test_suspended_jobs_outlive_a_sigkilled_worker(
-        wapp: conveyor.Conveyor, workers: Workers) -> None:
+        wapp: conveyor.Conveyor, workers: WorkerProcesses) -> None:
     first = workers.start()
     jobs = [wapp.tasks["waits.approval"].enqueue(f"j{i}") for i in range(6)]
     wait_until(lambda: wapp.monitor.backlog("orders").suspended == 6, 20,
@@ -108,7 +77,7 @@ def test_suspended_jobs_outlive_a_sigkilled_worker(
 
 @pytest.mark.timeout(120)
 def test_a_worker_sigkilled_while_a_job_resumes_leaves_the_wait_recorded(
-        wapp: conveyor.Conveyor, workers: Workers) -> None:
+        wapp: conveyor.Conveyor, workers: WorkerProcesses) -> None:
     first = workers.start()
     job = wapp.tasks["waits.approval"].enqueue("r", 30.0)
     wait_until(lambda: _suspended(job), 20, message=f"suspended\n{workers.logs()}")
@@ -130,7 +99,7 @@ def test_a_worker_sigkilled_while_a_job_resumes_leaves_the_wait_recorded(
 
 @pytest.mark.timeout(120)
 def test_a_parent_waits_for_its_child_on_another_queue_across_a_sigkill(
-        wapp: conveyor.Conveyor, workers: Workers) -> None:
+        wapp: conveyor.Conveyor, workers: WorkerProcesses) -> None:
     first = workers.start()
     parent = wapp.tasks["waits.publish"].enqueue("p", 3.0)
     wait_until(lambda: ledger(wapp.redis, wapp.namespace)[("child", "p")] == 1, 20,

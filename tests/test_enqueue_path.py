@@ -8,7 +8,6 @@ restart, SCRIPT FLUSH) costs one more, and nothing is lost or stored twice.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +16,7 @@ import redis
 import redis.asyncio
 
 import conveyor
-from helpers import RedisServer
+from helpers import RedisServer, run_async
 
 JOBS = 10_000  # five script calls of 2,000 jobs
 
@@ -92,7 +91,7 @@ def test_a_bulk_enqueue_to_a_new_queue_is_one_round_trip_async(
         await double.aenqueue(1)
         return bulk, _trips(before), len({j.id for j in jobs})
 
-    bulk, single, distinct = asyncio.run(main())
+    bulk, single, distinct = run_async(app, main())
     assert (bulk, single, distinct) == (1, 1, JOBS)
     assert conveyor.Monitor(app).backlog("fresh").ready == JOBS + 1
     assert "fresh" in app.known_queues()
@@ -125,7 +124,7 @@ def test_a_server_without_the_scripts_costs_one_more_round_trip_and_loses_nothin
         await double.aenqueue_many(range(3))
         assert 2 <= _trips(before) <= 3
 
-    asyncio.run(again())
+    run_async(app, again())
     assert conveyor.Monitor(app).backlog("fresh").ready == (4001 if many else 2) + 4
 
 

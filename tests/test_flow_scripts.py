@@ -11,6 +11,13 @@ from conveyor.scripts import calls
 Q = "fq"
 
 
+@pytest.fixture
+def app(app_on_each: conveyor.Conveyor) -> conveyor.Conveyor:
+    """Every test here runs on a plain server and on a 3-primary Cluster, where a script
+    that reaches a key outside its queue's hash slot fails."""
+    return app_on_each
+
+
 def enqueue(app: conveyor.Conveyor, n: int, tenant: str = "", priority: int = 5,
             prefix: str = "") -> list[str]:
     ids = [f"{prefix or tenant or 'j'}{i}" for i in range(n)]

@@ -17,18 +17,16 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import conveyor
 from conveyor.scripts import calls
-from helpers import RedisServer, env_with_src
+from helpers import ModuleServer, RedisServer, env_with_src
 
 EXAMPLES = int(os.environ.get("CONVEYOR_FUZZ_EXAMPLES", "60"))
 VT = 1000
@@ -39,16 +37,8 @@ JUNK = st.one_of(
                      b"active", b"scheduled", b"dead", b"\xff\xfe", b"\x00", b"[[],{}]"]),
     st.binary(max_size=12),
 )
-SERVER: RedisServer | None = None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _server() -> Iterator[None]:
-    global SERVER
-    SERVER = RedisServer().start()
-    yield
-    SERVER.cleanup()
-    SERVER = None
+SERVER = ModuleServer()
+_server = SERVER.fixture()
 
 
 def _retype(r: Any, key: str, kind: str) -> None:
@@ -100,7 +90,6 @@ def _drive(app: conveyor.Conveyor, now: float) -> float:
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_fuzzed_records_never_break_the_scripts(data: st.DataObject) -> None:
-    assert SERVER is not None
     app = conveyor.Conveyor(SERVER.url, namespace=f"f{uuid.uuid4().hex[:10]}")
     try:
         k = app.keys("q")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,10 +23,9 @@ import conveyor
 from apps.flow_app import VT, make_app, max_overlap, read_ledger
 from conveyor.scripts import calls, source
 from conveyor.worker.handoff import WAITER_TTL_MS
-from helpers import RedisServer, env_with_src, running_worker, stop_processes, wait_until
+from helpers import RedisServer, WorkerProcesses, running_worker, wait_until
 
 Q = "q"
-CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
 
 
 def enqueue(app: conveyor.Conveyor, *ids: str, now: float | None = None,
@@ -167,28 +165,6 @@ def test_a_hand_off_entry_carries_any_bytes() -> None:
 # -- real worker processes -----------------------------------------------------------------
 
 
-class Workers:
-    """``conveyor worker apps.flow_app:app`` processes, each one's output in a file."""
-
-    def __init__(self, app: conveyor.Conveyor, tmp: Path) -> None:
-        self.app, self.tmp = app, tmp
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, concurrency: int = 4) -> subprocess.Popen[bytes]:
-        env = env_with_src() | {"CONVEYOR_REDIS_URL": self.app.url,
-                                "FLOW_NAMESPACE": self.app.namespace}
-        log = (self.tmp / f"worker-{len(self.procs)}.log").open("wb")
-        proc = subprocess.Popen([CONVEYOR, "worker", "apps.flow_app:app", "-c",
-                                 str(concurrency)], env=env, cwd=Path(__file__).parent,
-                                stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def stop(self) -> None:
-        stop_processes(self.procs)
-
-
 @pytest.fixture
 def fapp(redis_server: RedisServer, namespace: str) -> Iterator[conveyor.Conveyor]:
     application = make_app(redis_server.url, namespace)
@@ -197,8 +173,8 @@ def fapp(redis_server: RedisServer, namespace: str) -> Iterator[conveyor.Conveyo
 
 
 @pytest.fixture
-def workers(fapp: conveyor.Conveyor, tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(fapp, tmp_path)
+def workers(fapp: conveyor.Conveyor, tmp_path: Path) -> Iterator[WorkerProcesses]:
+    w = WorkerProcesses(fapp, tmp_path, "apps.flow_app:app", "FLOW_NAMESPACE", ("-c", "4"))
     yield w
     w.stop()
 
@@ -216,7 +192,7 @@ def sha(name: str) -> str:
 
 
 def test_an_idle_worker_starts_a_new_job_without_a_fetch(
-    fapp: conveyor.Conveyor, workers: Workers
+    fapp: conveyor.Conveyor, workers: WorkerProcesses
 ) -> None:
     workers.start()
     wait_until(lambda: waiters(fapp), timeout=30, message="the idle worker registered")
@@ -240,7 +216,7 @@ def test_an_idle_worker_starts_a_new_job_without_a_fetch(
 
 
 def test_plain_single_enqueues_hand_over_once_they_see_an_idle_worker(
-    fapp: conveyor.Conveyor, workers: Workers
+    fapp: conveyor.Conveyor, workers: WorkerProcesses
 ) -> None:
     """The script-free single enqueue cannot hand a job over; it counts the live waiters
     instead, and while it finds some the next enqueues take the script, which does. Once
@@ -277,7 +253,7 @@ def test_plain_single_enqueues_hand_over_once_they_see_an_idle_worker(
 
 
 def test_a_job_handed_to_a_killed_worker_runs_elsewhere_once_its_lease_ends(
-    fapp: conveyor.Conveyor, workers: Workers
+    fapp: conveyor.Conveyor, workers: WorkerProcesses
 ) -> None:
     doomed = workers.start()
     [worker_id] = wait_until(lambda: waiters(fapp), timeout=30, message="a registered worker")
@@ -299,11 +275,11 @@ def test_a_job_handed_to_a_killed_worker_runs_elsewhere_once_its_lease_ends(
 
 
 def test_hand_offs_obey_the_cap_and_the_pause(
-    fapp: conveyor.Conveyor, workers: Workers
+    fapp: conveyor.Conveyor, workers: WorkerProcesses
 ) -> None:
     q = fapp.queue("flow")
     q.set_limits(concurrency=1)
-    workers.start(concurrency=4)
+    workers.start()
     wait_until(lambda: waiters(fapp), timeout=30, message="the idle worker registered")
     first = work(fapp).enqueue("one", 1.0)
     wait_until(lambda: read_ledger(fapp.redis, fapp.namespace), timeout=10,
@@ -324,7 +300,7 @@ def test_hand_offs_obey_the_cap_and_the_pause(
     assert held.result(timeout=20) == "three"
 
 
-def test_a_stopping_worker_unregisters(fapp: conveyor.Conveyor, workers: Workers) -> None:
+def test_a_stopping_worker_unregisters(fapp: conveyor.Conveyor, workers: WorkerProcesses) -> None:
     proc = workers.start()
     wait_until(lambda: waiters(fapp), timeout=30, message="the idle worker registered")
     proc.send_signal(signal.SIGTERM)

@@ -8,7 +8,6 @@ first reply instead of applying a second time.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 import conveyor
 from conveyor import testing
 from conveyor.scripts import KEPT_REPLY_MS, calls
+from helpers import run_async
 from lost_reply import LoseReplies, script
 
 
@@ -55,7 +55,7 @@ def test_an_async_bulk_enqueue_whose_reply_was_lost_stores_each_job_once(
         assert lost.lost == 1
         return jobs
 
-    jobs = asyncio.run(go())
+    jobs = run_async(app, go())
     assert len(jobs) == 30
     assert _ready_entries(app, "abulk") == 30
 

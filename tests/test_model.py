@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -53,7 +53,7 @@ import conveyor
 from conveyor.scripts import calls, plain
 from conveyor.sink import stream_events
 from conveyor.workflow.release import drain_sync
-from helpers import RedisServer
+from helpers import ModuleServer
 from lost_reply import LoseReplies
 
 EXAMPLES = int(os.environ.get("CONVEYOR_MODEL_EXAMPLES", "75"))
@@ -103,22 +103,13 @@ UNFINISHED = ("scheduled", "ready", "active", "retrying")
 FINAL = ("succeeded", "dead", "cancelled")
 
 
-SERVER: RedisServer | None = None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _server() -> Iterator[None]:
-    global SERVER
-    SERVER = RedisServer().start()
-    yield
-    SERVER.cleanup()
-    SERVER = None
+SERVER = ModuleServer()
+_server = SERVER.fixture()
 
 
 class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        assert SERVER is not None
         self.app = conveyor.Conveyor(SERVER.url, namespace=f"m{uuid.uuid4().hex[:10]}")
         self.k = self.app.keys("q")
         self.streaming = False  # whether a sink has read the queue: events are written

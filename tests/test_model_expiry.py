@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import conveyor
 from conveyor.scripts import calls
-from helpers import RedisServer
+from helpers import ModuleServer
 from lost_reply import LoseReplies
 
 EXAMPLES = int(os.environ.get("CONVEYOR_MODEL_EXAMPLES", "60"))
@@ -35,16 +33,8 @@ T0 = 1_800_000_000_000.0
 VT = 60_000  # leases outlive every test's clock: only the steps end runs
 WAITING = ("ready", "scheduled", "retrying", "suspended")
 
-SERVER: RedisServer | None = None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _server() -> Iterator[None]:
-    global SERVER
-    SERVER = RedisServer().start()
-    yield
-    SERVER.cleanup()
-    SERVER = None
+SERVER = ModuleServer()
+_server = SERVER.fixture()
 
 
 @dataclass
@@ -60,7 +50,6 @@ class Job:
 class ExpiryMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        assert SERVER is not None
         self.app = conveyor.Conveyor(SERVER.url, namespace=f"x{uuid.uuid4().hex[:10]}")
         self.k = self.app.keys("q")
         self.now = T0

@@ -35,11 +35,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import pytest
 from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -47,7 +45,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import conveyor
 from conveyor.scripts import calls
 from conveyor.workflow.release import drain_sync
-from helpers import RedisServer
+from helpers import ModuleServer
 from lost_reply import LoseReplies
 
 EXAMPLES = int(os.environ.get("CONVEYOR_MODEL_EXAMPLES", "50"))
@@ -94,22 +92,13 @@ class Job:
         return None
 
 
-SERVER: RedisServer | None = None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _server() -> Iterator[None]:
-    global SERVER
-    SERVER = RedisServer().start()
-    yield
-    SERVER.cleanup()
-    SERVER = None
+SERVER = ModuleServer()
+_server = SERVER.fixture()
 
 
 class WaitsMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        assert SERVER is not None
         self.app = conveyor.Conveyor(SERVER.url, namespace=f"w{uuid.uuid4().hex[:10]}")
         self.app.redis.sadd(f"{self.app.namespace}:queues", QUEUE)
         self.k = self.app.keys(QUEUE)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 import os
@@ -25,7 +24,7 @@ from conveyor import testing
 from conveyor.contrib.otel import instrument, uninstrument
 from conveyor.keys import split_job_id
 from conveyor.sink import stream_events
-from helpers import RedisServer, env_with_src, running_worker, wait_until
+from helpers import RedisServer, env_with_src, run_async, running_worker, wait_until
 
 
 @pytest.fixture
@@ -255,7 +254,7 @@ def test_a_workflow_enqueue_is_traced(
         wf.add(fetch, name="fetch")
         await wf.aenqueue()
 
-    asyncio.run(aenqueue())
+    run_async(app, aenqueue())
     assert len(named(exporter, "enqueue otel.fetch")) == 2
 
 

@@ -21,7 +21,7 @@ import conveyor
 from conveyor import keys, record, testing
 from conveyor.faults.proxy import Proxy
 from conveyor.scripts import calls, plain
-from helpers import RedisServer, wait_until
+from helpers import RedisServer, run_async, wait_until
 
 Q = "plain"
 
@@ -265,7 +265,7 @@ def test_the_async_api_takes_the_plain_path_too(
         assert "evalsha" not in used and used["multi"] == 3
         return [job.short_id for job in jobs]
 
-    ids = asyncio.run(main())
+    ids = run_async(papp, main())
     assert _fetch(papp)[2:] == ids
 
 
@@ -299,7 +299,7 @@ def test_the_async_api_counts_waiters_and_hands_over_while_it_finds_them(
                                                   calls.parse_handoff(papp.redis.lpop(
                                                       k.handoff("w1"))).jobs]
 
-    (seen, handed), given = asyncio.run(main())
+    (seen, handed), given = run_async(papp, main())
     # The enqueue that took the script handed the oldest ready job over, as a fetch would.
     assert given == [seen]
     assert papp.redis.hget(k.job(seen), record.STATE) == b"active"
@@ -437,7 +437,7 @@ def test_a_reply_lost_after_the_enqueue_ran_stores_the_job_once(
 
         try:
             if api == "async":
-                asyncio.run(aenqueue())
+                run_async(app, aenqueue())
             else:
                 task.enqueue(0)
                 task.enqueue(0)
@@ -481,7 +481,7 @@ def test_an_async_plain_enqueue_keeps_its_deadline(server: RedisServer) -> None:
             return took
 
         try:
-            took = asyncio.run(asyncio.wait_for(main(), 60))
+            took = run_async(app, asyncio.wait_for(main(), 60))
         finally:
             app.close()
         # the kept connection's 1 s, the pool's bounded retries, then the record looked
@@ -540,7 +540,7 @@ def test_an_enqueue_meeting_a_key_of_the_wrong_type_stores_its_job_once_or_not_a
     stored: str | None = None
     try:
         if path == "async plain":
-            stored = asyncio.run(warm_then_enqueue())
+            stored = run_async(papp, warm_then_enqueue())
         else:
             _warm(papp)
             mangle()

@@ -5,7 +5,6 @@ jobs."""
 from __future__ import annotations
 
 import ast
-import asyncio
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import conveyor
 from conveyor import hooks, producer, testing
 from conveyor.scripts import calls
+from helpers import run_async
 
 SRC = Path(conveyor.__file__).parent
 
@@ -55,8 +55,8 @@ def test_every_producer_runs_the_enqueue_hooks_once_per_call(app: conveyor.Conve
 
     one.enqueue(1)
     one.enqueue_many([2, 3, 4])
-    asyncio.run(one.aenqueue(5))
-    asyncio.run(one.aenqueue_many([6, 7]))
+    run_async(app, one.aenqueue(5))
+    run_async(app, one.aenqueue_many([6, 7]))
     assert counting.entered == [("p.one", 1), ("p.one", 3), ("p.one", 1), ("p.one", 2)]
 
     counting.entered.clear()

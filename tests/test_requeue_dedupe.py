@@ -11,7 +11,6 @@ finished.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -22,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import conveyor
 from conveyor import deadletters
 from conveyor.scripts import calls
-from helpers import RedisServer
+from helpers import ModuleServer
 
 Q = "q"
 
@@ -125,16 +124,8 @@ def test_requeue_all_goes_past_jobs_left_dead(
 KEYS = ("k1", "k2")
 VT = 1000  # lease length (ms)
 UNFINISHED = ("ready", "active", "retrying")
-SERVER: RedisServer | None = None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _server() -> Iterator[None]:
-    global SERVER
-    SERVER = RedisServer().start()
-    yield
-    SERVER.cleanup()
-    SERVER = None
+SERVER = ModuleServer()
+_server = SERVER.fixture()
 
 
 @dataclass
@@ -152,7 +143,6 @@ class Keyed:
 class DedupeMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        assert SERVER is not None
         self.app = conveyor.Conveyor(SERVER.url, namespace=f"d{uuid.uuid4().hex[:10]}")
         self.k = self.app.keys(Q)
         self.now = 1_800_000_000_000.0

@@ -12,6 +12,13 @@ from conveyor.sink import stream_events
 Q = "q"
 
 
+@pytest.fixture
+def app(app_on_each: conveyor.Conveyor) -> conveyor.Conveyor:
+    """Every test here runs on a plain server and on a 3-primary Cluster, where a script
+    that reaches a key outside its queue's hash slot fails."""
+    return app_on_each
+
+
 Job = tuple[calls.JobSpec, tuple[str, bytes]]
 
 
@@ -347,3 +354,20 @@ def test_a_run_that_goes_on_under_a_new_lease_costs_one_attempt(app: conveyor.Co
     done = finish(app, calls.Outcome("a", second.token, "ok", 0.0, b"1"), now=2100)
     assert done.codes == [calls.FINISH_SUCCEEDED]
     assert app.job(f"{Q}~a").info().attempts == 1
+
+
+def test_a_script_that_reaches_outside_its_queue_slot_fails_on_the_cluster(
+        app: conveyor.Conveyor) -> None:
+    """Why this module runs on a Cluster too: a key a script derives outside its queue's
+    hash tag works on a plain server and fails there."""
+    reach = app.redis.register_script(
+        "#!lua\nredis.call('SET', KEYS[1], 1)\nredis.call('SET', ARGV[1], 1)\nreturn 1")
+    k = app.keys(Q)
+    probe = k.job_prefix + "probe"  # a key of the queue's slot
+    inside, outside = k.job_prefix + "other", f"{app.namespace}:no-tag:probe"
+    assert reach(keys=[probe], args=[inside]) == 1
+    if isinstance(app.redis, redis.cluster.RedisCluster):
+        with pytest.raises(redis.ResponseError, match=r"non local key|same slot"):
+            reach(keys=[probe], args=[outside])
+    else:
+        assert reach(keys=[probe], args=[outside]) == 1

@@ -195,9 +195,12 @@ async def test_adrain_from_async_code(app: conveyor.Conveyor) -> None:
         return 2 * x
 
     job = await double.aenqueue(21)
-    infos = await testing.adrain(app, timeout=60)
-    assert [i.result for i in infos] == [42]
-    assert await job.aresult(timeout=1) == 42
+    try:
+        infos = await testing.adrain(app, timeout=60)
+        assert [i.result for i in infos] == [42]
+        assert await job.aresult(timeout=1) == 42
+    finally:
+        await app.aclose()  # this loop's client, made again after the drain closed it
 
 
 def test_isolated_namespace_is_removed(app: conveyor.Conveyor) -> None:

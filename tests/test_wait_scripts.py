@@ -17,6 +17,13 @@ DAY_MS = 86_400_000
 T0 = 1_800_000_000_000.0  # ms
 
 
+@pytest.fixture
+def app(app_on_each: conveyor.Conveyor) -> conveyor.Conveyor:
+    """Every test here runs on a plain server and on a 3-primary Cluster, where a script
+    that reaches a key outside its queue's hash slot fails."""
+    return app_on_each
+
+
 def _enqueue(app: conveyor.Conveyor, short: str, now: float = T0, **spec: object) -> list:
     job_spec = calls.JobSpec(task="t", **spec)  # type: ignore[arg-type]
     return app.scripts.run(calls.enqueue(app.keys(Q), job_spec, [(short, b"[[]]")],

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -28,10 +27,9 @@ import conveyor
 from apps.flow_app import VT, make_app, read_ledger
 from conveyor.scripts import calls
 from conveyor.worker.handoff import WAITER_TTL_MS
-from helpers import RedisServer, env_with_src, running_worker, stop_processes, wait_until
+from helpers import RedisServer, WorkerProcesses, running_worker, wait_until
 
 Q = "q"
-CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
 # A registration outlives its worker by at most this (its lifetime, with room for a
 # loaded machine).
 LAPSE_BOUND_S = 12.0
@@ -91,35 +89,6 @@ def test_a_job_taken_off_its_hand_off_list_uses_its_attempt_when_its_lease_ends(
 # -- real worker processes ----------------------------------------------------------------
 
 
-class Workers:
-    """``conveyor worker apps.flow_app:app`` processes, each one's output in a file."""
-
-    def __init__(self, app: conveyor.Conveyor, tmp: Path) -> None:
-        self.app, self.tmp = app, tmp
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self) -> subprocess.Popen[bytes]:
-        env = env_with_src() | {"CONVEYOR_REDIS_URL": self.app.url,
-                                "FLOW_NAMESPACE": self.app.namespace}
-        log = (self.tmp / f"worker-{len(self.procs)}.log").open("wb")
-        proc = subprocess.Popen([CONVEYOR, "worker", "apps.flow_app:app", "-c", "2"],
-                                env=env, cwd=Path(__file__).parent, stdout=log,
-                                stderr=subprocess.STDOUT)
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                         for p in sorted(self.tmp.glob("worker-*.log")))
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)  # a stopped worker cannot act on SIGTERM
-        stop_processes(self.procs)
-
-
 @pytest.fixture
 def fapp(redis_server: RedisServer, namespace: str) -> Iterator[conveyor.Conveyor]:
     application = make_app(redis_server.url, namespace)
@@ -128,8 +97,8 @@ def fapp(redis_server: RedisServer, namespace: str) -> Iterator[conveyor.Conveyo
 
 
 @pytest.fixture
-def workers(fapp: conveyor.Conveyor, tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(fapp, tmp_path)
+def workers(fapp: conveyor.Conveyor, tmp_path: Path) -> Iterator[WorkerProcesses]:
+    w = WorkerProcesses(fapp, tmp_path, "apps.flow_app:app", "FLOW_NAMESPACE", ("-c", "2"))
     yield w
     w.stop()
 
@@ -145,7 +114,7 @@ def _live_waiters(app: conveyor.Conveyor) -> set[str]:
     return {w for w, lapses in _waiters(app).items() if lapses > now_ms}
 
 
-def _two_idle_workers(fapp: conveyor.Conveyor, workers: Workers
+def _two_idle_workers(fapp: conveyor.Conveyor, workers: WorkerProcesses
                       ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str]:
     """Two registered idle workers: (the one the next enqueue goes to, the other, the
     first one's worker id)."""
@@ -162,7 +131,7 @@ def _two_idle_workers(fapp: conveyor.Conveyor, workers: Workers
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
 def test_an_idle_worker_killed_or_stopped_is_handed_nothing_after_a_few_seconds(
-    fapp: conveyor.Conveyor, workers: Workers, sig: int,
+    fapp: conveyor.Conveyor, workers: WorkerProcesses, sig: int,
 ) -> None:
     gone, healthy, gone_id = _two_idle_workers(fapp, workers)
     gone.send_signal(sig)
@@ -179,7 +148,7 @@ def test_an_idle_worker_killed_or_stopped_is_handed_nothing_after_a_few_seconds(
 
 
 def test_a_job_handed_to_a_killed_worker_runs_elsewhere_on_its_first_attempt(
-    fapp: conveyor.Conveyor, workers: Workers,
+    fapp: conveyor.Conveyor, workers: WorkerProcesses,
 ) -> None:
     gone, healthy, gone_id = _two_idle_workers(fapp, workers)
     gone.kill()

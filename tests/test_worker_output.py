@@ -36,7 +36,8 @@ class Worker:
              "-c", "2", *args],
             env=env, cwd=TESTS, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
@@ -52,6 +53,13 @@ class Worker:
 
     def text(self) -> str:
         return "\n".join(self.lines)
+
+    def stop(self) -> None:
+        """Stop the process (if it still runs), read the rest of its output, close the pipe."""
+        stop_processes([self.proc])
+        self.reader.join(10)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
 
 
 @pytest.fixture
@@ -96,7 +104,7 @@ def test_banner_retry_dead_and_ctrl_c(cli_app: tuple[ModuleType, str],
         text = worker.text()
         assert "hunter2" not in text and "Traceback" not in text and "second line" not in text
     finally:
-        stop_processes([worker.proc])
+        worker.stop()
 
 
 def test_json_lines_parse_and_verbose_adds_a_line_per_job(
@@ -109,7 +117,7 @@ def test_json_lines_parse_and_verbose_adds_a_line_per_job(
         worker.wait_for(f'"job_id": "{ok.id}"')
         worker.wait_for(f'"job_id": "{bad.id}"')
     finally:
-        stop_processes([worker.proc])
+        worker.stop()
     records = [json.loads(line) for line in worker.lines]  # every line is one object
     banner = next(r for r in records if r["message"].startswith("worker ") and "ready" in
                   r["message"])
@@ -150,7 +158,7 @@ def test_redis_down_is_said_once_then_reached(cli_app: tuple[ModuleType, str],
         assert worker.text().count("cannot reach Redis") == 1
         assert "Traceback" not in worker.text()
     finally:
-        stop_processes([worker.proc])
+        worker.stop()
     assert worker.proc.returncode == 0
 
 
@@ -164,7 +172,7 @@ def test_a_stop_while_redis_is_down_ends_the_worker(cli_app: tuple[ModuleType, s
         worker.proc.send_signal(signal.SIGTERM)
         assert worker.proc.wait(10) == 0
     finally:
-        stop_processes([worker.proc])
+        worker.stop()
     assert "Traceback" not in worker.text()
 
 
@@ -185,4 +193,4 @@ def test_redis_lost_while_running_is_one_line_then_one_when_back(
         assert text.count("lost Redis") == 1 and "Traceback" not in text
         assert "could not fetch" not in text and "failed (ConnectionError" not in text
     finally:
-        stop_processes([worker.proc])
+        worker.stop()

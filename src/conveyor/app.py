@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import os
-import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from . import clients, producer
 from . import keys as keyspace
-from .batch import Batch, BatchItem
+from .batch import Batch
 from .encoding import DEFAULT_MAX_PAYLOAD, Codec, Format
 from .errors import ConfigurationError
 from .hooks import Hook
 from .job import Job, JobInfo
+from .limits import Queue
 from .scripts import AsyncScriptRunner, ScriptRunner, calls
-from .task import AsyncTask, ExceptionClasses, Task
+from .task import AsyncTask, BatchTaskDecorator, ExceptionClasses, Task, TaskDecorator
 from .urls import check_url, public_url
 from .workflow import Workflow, WorkflowHandle
 from .workflow import batch as _batch
@@ -27,33 +26,14 @@ from .workflow import batch as _batch
 if TYPE_CHECKING:
     from .alerts import Webhook
     from .deadletters import DeadLetters
-    from .limits import Queue
     from .monitor import Monitor
     from .schedule import Periodic
-    from .testing import InlineRunner
     from .worker import Worker
 
 log = logging.getLogger("conveyor")
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class TaskDecorator(Protocol):
-    """What ``@app.task(...)`` with arguments returns: a decorator that keeps the
-    function's parameters and return type (the awaited one for a coroutine function)."""
-
-    @overload
-    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]]) -> AsyncTask[P, R]: ...
-    @overload
-    def __call__(self, fn: Callable[P, R]) -> Task[P, R]: ...
-
-
-class BatchTaskDecorator(Protocol):
-    """What ``@app.task(batch=...)`` returns: the function takes the list of items, and
-    the task's ``enqueue`` takes one item's arguments (whatever they are)."""
-
-    def __call__(self, fn: Callable[[list[BatchItem]], Any]) -> Task[..., Any]: ...
 
 
 class Conveyor:
@@ -96,9 +76,7 @@ class Conveyor:
         self.periodics: list[Periodic] = []
         self.dead_hooks: list[Callable[[JobInfo], Any]] = []
         self.expire_hooks: list[Callable[[JobInfo], Any]] = []
-        self._async: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[Any, AsyncScriptRunner]
-        ] = weakref.WeakKeyDictionary()
+        self._async = clients.PerLoop()  # asyncio clients, one per event loop
         self._registered_queues: set[str] = set()
         self.hooks: list[Hook] = []  # tracing and test helpers: see conveyor.hooks
         # where jobs go: Redis, or conveyor.testing.inline's runner (see conveyor.producer)
@@ -119,21 +97,12 @@ class Conveyor:
     def scripts(self) -> ScriptRunner:
         return ScriptRunner(self.redis)
 
-    def _async_pair(self) -> tuple[Any, AsyncScriptRunner]:
-        loop = asyncio.get_running_loop()
-        pair = self._async.get(loop)
-        if pair is None:
-            client = clients.async_client(self.url)
-            pair = (client, AsyncScriptRunner(client))
-            self._async[loop] = pair
-        return pair
-
     def aredis(self) -> Any:  # redis.asyncio.Redis
         """The asyncio client of the running event loop (one per loop), replies as bytes."""
-        return self._async_pair()[0]
+        return self._async.get(self.url)[0]
 
     def ascripts(self) -> AsyncScriptRunner:
-        return self._async_pair()[1]
+        return self._async.get(self.url)[1]
 
     def close(self) -> None:
         """Close the synchronous client's connections."""
@@ -144,10 +113,7 @@ class Conveyor:
 
     async def aclose(self) -> None:
         """Close the running loop's asyncio client."""
-        loop = asyncio.get_running_loop()
-        pair = self._async.pop(loop, None)
-        if pair is not None:
-            await pair[0].aclose()
+        await self._async.aclose()
 
     def keys(self, queue: str) -> keyspace.QueueKeys:
         return keyspace.queue_keys(self.namespace, queue)
@@ -283,8 +249,6 @@ class Conveyor:
 
     def queue(self, name: str) -> Queue:
         """A handle on queue ``name``: its flow-control limits and pause switch (no I/O)."""
-        from .limits import Queue
-
         if not isinstance(name, str) or not name or keyspace.JOB_ID_SEPARATOR in name:
             raise ConfigurationError(f"queue name must be a non-empty string without"
                                      f" {keyspace.JOB_ID_SEPARATOR!r}, got {name!r}")
@@ -292,20 +256,14 @@ class Conveyor:
 
     def pause(self, queue: str) -> None:
         """Stop handing out jobs of ``queue``; it keeps accepting new ones."""
-        self.redis.set(self.keys(queue).paused, 1)
+        Queue(self, queue).pause()
 
     def resume(self, queue: str) -> None:
-        """Hand out jobs of ``queue`` again, and wake its idle workers (a wake key of the
-        wrong type wakes nobody: idle workers also look for work after each quiet spell)."""
-        k = self.keys(queue)
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.delete(k.paused).lpush(k.wake, b"1").ltrim(k.wake, 0, 0)
-            resumed = pipe.execute(raise_on_error=False)[0]
-        if isinstance(resumed, Exception):
-            raise resumed
+        """Hand out jobs of ``queue`` again, and wake its idle workers."""
+        Queue(self, queue).resume()
 
     def is_paused(self, queue: str) -> bool:
-        return bool(self.redis.exists(self.keys(queue).paused))
+        return Queue(self, queue).is_paused()
 
     def job(self, id: str) -> Job[Any]:
         """A handle on the job with this id (no Redis call is made)."""
@@ -391,13 +349,6 @@ class Conveyor:
     ) -> list[tuple[str, bool]]:
         """Async twin of :meth:`store`."""
         return await self._sender.asend(producer.encoded(self, queue, spec, jobs, durable))
-
-    @property
-    def _inline(self) -> InlineRunner | None:
-        """``conveyor.testing.inline``'s sender while it is on: job handles read its records."""
-        from .testing import InlineRunner
-
-        return self._sender if isinstance(self._sender, InlineRunner) else None
 
     def known_queues(self) -> list[str]:
         """Every queue that has ever received a job in this namespace, sorted."""

@@ -30,8 +30,10 @@ its own), use TCP keepalive, and are health-checked with a PING when idle for a 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -47,6 +49,7 @@ from redis.asyncio.connection import Connection as AsyncConnection
 from redis.connection import HiredisRespSerializer
 
 from .errors import ConfigurationError
+from .scripts import AsyncScriptRunner
 
 
 class HiredisPackedConnection(AsyncConnection):
@@ -108,6 +111,17 @@ class AsyncFollowingSentinelPool(_AsyncSentinelPool):  # type: ignore[misc]
             with contextlib.suppress(*_FOLLOW_ERRORS):
                 await self.get_master_address()
         return await super().get_connection(*args, **kwargs)
+
+
+class AsyncSentinelClient(redis.asyncio.Redis):
+    """The asyncio client of a Sentinel-managed primary: closing it closes its connections
+    to the sentinels too, which redis-py's ``master_for`` client leaves open."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            await sentinel.aclose()
 
 
 CLUSTER_SUFFIX = "+cluster"
@@ -248,7 +262,8 @@ def sync_client(url: str, **options: Any) -> Any:
                                    **options)
     options.setdefault("max_connections", POOL_SIZE)
     options.setdefault("timeout", POOL_WAIT)
-    return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
+    # from_pool: the client owns its pool, so closing the client closes its connections
+    return redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
 
 
 def async_client(url: str, **options: Any) -> Any:
@@ -265,11 +280,37 @@ def async_client(url: str, **options: Any) -> Any:
         sentinel_kwargs = _sentinel_options(target, options)
         sentinel = _AsyncSentinel(list(target.sentinels),
                                                    sentinel_kwargs=sentinel_kwargs, **options)
-        return sentinel.master_for(target.service,
+        return sentinel.master_for(target.service, redis_class=AsyncSentinelClient,
                                    connection_pool_class=AsyncFollowingSentinelPool, **options)
     if urlparse(url).scheme == "redis":
         options.setdefault("connection_class", HiredisPackedConnection)
     options.setdefault("max_connections", POOL_SIZE)
     options.setdefault("timeout", POOL_WAIT)
     pool = redis.asyncio.BlockingConnectionPool.from_url(url, **options)
-    return redis.asyncio.Redis(connection_pool=pool)
+    return redis.asyncio.Redis.from_pool(pool)  # owns its pool: aclose() disconnects it
+
+
+class PerLoop:
+    """An app's asyncio clients: one client (and its script runner) per event loop, since
+    a connection belongs to the loop that opened it. A loop that is gone drops its pair."""
+
+    def __init__(self) -> None:
+        self._pairs: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[Any, AsyncScriptRunner]
+        ] = weakref.WeakKeyDictionary()
+
+    def get(self, url: str) -> tuple[Any, AsyncScriptRunner]:
+        """The running loop's client and script runner, made for ``url`` on first use."""
+        loop = asyncio.get_running_loop()
+        pair = self._pairs.get(loop)
+        if pair is None:
+            client = async_client(url)
+            pair = (client, AsyncScriptRunner(client))
+            self._pairs[loop] = pair
+        return pair
+
+    async def aclose(self) -> None:
+        """Close the running loop's client."""
+        pair = self._pairs.pop(asyncio.get_running_loop(), None)
+        if pair is not None:
+            await pair[0].aclose()

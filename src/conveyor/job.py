@@ -238,16 +238,16 @@ class Job(Generic[R]):
 
         :raises JobNotFound: no record (never existed, or expired after its retention)
         """
-        inline = self._app._inline  # conveyor.testing.inline: records in memory
-        if inline is not None:
-            return self._info(inline.record(self.queue, self.short_id))
+        kept = self._app._sender.record(self.queue, self.short_id)  # testing.inline's
+        if kept is not None:
+            return self._info(kept)
         return self._info(self._app.redis.hgetall(self._keys.job(self.short_id)))
 
     async def ainfo(self) -> JobInfo:
         """Async twin of :meth:`info`."""
-        inline = self._app._inline
-        if inline is not None:
-            return self._info(inline.record(self.queue, self.short_id))
+        kept = self._app._sender.record(self.queue, self.short_id)
+        if kept is not None:
+            return self._info(kept)
         return self._info(await self._app.aredis().hgetall(self._keys.job(self.short_id)))
 
     def cancel(self, reason: str | None = None) -> bool:

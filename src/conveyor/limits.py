@@ -190,14 +190,22 @@ class Queue:
 
     def pause(self) -> None:
         """Stop handing out jobs of this queue; it keeps accepting new ones."""
-        self.app.pause(self.name)
+        self.app.redis.set(self.app.keys(self.name).paused, 1)
 
     def resume(self) -> None:
-        """Hand out jobs again, and wake the queue's idle workers."""
-        self.app.resume(self.name)
+        """Hand out jobs again, and wake the queue's idle workers (a wake key of the wrong
+        type wakes nobody: idle workers also look for work after each quiet spell)."""
+        k = self.app.keys(self.name)
+        with self.app.redis.pipeline(transaction=False) as pipe:
+            pipe.delete(k.paused)  # one by one: a Cluster pipeline's delete() chains nothing
+            pipe.lpush(k.wake, b"1")
+            pipe.ltrim(k.wake, 0, 0)
+            resumed = pipe.execute(raise_on_error=False)[0]
+        if isinstance(resumed, Exception):
+            raise resumed
 
     def is_paused(self) -> bool:
-        return self.app.is_paused(self.name)
+        return bool(self.app.redis.exists(self.app.keys(self.name).paused))
 
     def purge_ready(self, reason: str = "purged") -> int:
         """Cancel every job of the queue that is ready now (not scheduled, running or

@@ -14,11 +14,11 @@ import inspect
 import random
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, Self, TypeVar, overload
 
 from . import keys as keyspace
 from . import producer
-from .batch import Batch, check_batch_function
+from .batch import Batch, BatchItem, check_batch_function
 from .errors import ConfigurationError, Fail
 from .hints import NO_HINTS, Hints, hints_of
 from .job import Job
@@ -347,3 +347,20 @@ class AsyncTask(Task[P, R]):
     ) -> Coroutine[Any, Any, R]:
         coroutine: Coroutine[Any, Any, R] = self.fn(*args, **kwargs)
         return coroutine
+
+
+class TaskDecorator(Protocol):
+    """What ``@app.task(...)`` with arguments returns: a decorator that keeps the
+    function's parameters and return type (the awaited one for a coroutine function)."""
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]]) -> AsyncTask[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> Task[P, R]: ...
+
+
+class BatchTaskDecorator(Protocol):
+    """What ``@app.task(batch=...)`` returns: the function takes the list of items, and
+    the task's ``enqueue`` takes one item's arguments (whatever they are)."""
+
+    def __call__(self, fn: Callable[[list[BatchItem]], Any]) -> Task[..., Any]: ...

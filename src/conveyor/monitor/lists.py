@@ -206,9 +206,9 @@ def read_job_detail(app: Conveyor, job_id: str) -> JobDetail:
     :raises ValueError: not a job id
     """
     job = app.job(job_id)
-    inline = app._inline  # conveyor.testing.inline: records in memory
-    record = inline.record(job.queue, job.short_id) if inline is not None else \
-        app.redis.hgetall(app.keys(job.queue).job(job.short_id))
+    record = app._sender.record(job.queue, job.short_id)  # conveyor.testing.inline's
+    if record is None:
+        record = app.redis.hgetall(app.keys(job.queue).job(job.short_id))
     info = job._info(record)
     workflow = untrusted.text(record.get(b"wf")) or None
     running_for = None

@@ -1,6 +1,7 @@
 """Time series of a queue from its metric buckets (the dashboard's charts).
 
-Buckets are read by :func:`.stats.read_buckets` and percentiles computed by
+Buckets are read with :func:`.stats.queue_buckets` and :func:`.stats.parse_replies`
+(in :mod:`.overview`) and percentiles computed by
 :class:`.histogram.Histogram`, like every other figure the monitor gives, so a chart's
 point and ``Monitor.stats`` over the same buckets agree to the digit.
 """

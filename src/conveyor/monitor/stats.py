@@ -208,20 +208,6 @@ def parse_replies(replies: Iterable[Reply | None]) -> list[dict[str, TaskWindow]
     return out
 
 
-def read_buckets(client: redis.Redis, keys: Mapping[str, QueueKeys], starts: list[int]
-                 ) -> dict[str, list[dict[str, TaskWindow]]]:
-    """Each bucket of ``starts``, per queue, parsed into per-task windows, oldest first
-    (one pipelined round trip for every queue): for charts, which need every bucket apart."""
-    with client.pipeline(transaction=False) as pipe:
-        for k in keys.values():
-            queue_buckets(pipe, k, starts)
-        replies = pipe.execute()
-    out, n = {}, len(starts)
-    for i, queue in enumerate(keys):
-        out[queue] = parse_replies(replies[i * n: (i + 1) * n])
-    return out
-
-
 def read_windows(client: redis.Redis, keys: Mapping[str, QueueKeys], starts: Sequence[int]
                  ) -> dict[str, dict[str, TaskWindow]]:
     """The one reader of windows of metric buckets: per queue, per-task sums over the
@@ -291,11 +277,6 @@ def read_states(client: redis.Redis, keys: Mapping[str, QueueKeys]) -> dict[str,
         backlog, flow = take_backlog(client, k, part)
         out[queue] = QueueState(queue, backlog, flow is not None and flow.paused)
     return out
-
-
-def read_backlog(client: redis.Redis, keys: QueueKeys) -> Backlog:
-    """One queue's backlog (see :func:`queue_backlog`)."""
-    return read_states(client, {keys.queue: keys})[keys.queue].backlog
 
 
 def build(task: str | None, queue: str | None, window: float, span: float, now: float,

@@ -67,6 +67,10 @@ class Sender(Protocol):
     async def asend_together(self, queued: Sequence[tuple[str, ScriptCall[Any]]]) -> Sent:
         """Async twin of :meth:`send_together`."""
 
+    def record(self, queue: str, short_id: str) -> dict[bytes, bytes] | None:
+        """A job's record when the sender keeps records itself (the inline runner: empty
+        for an unknown job); None when they are in Redis."""
+
 
 class RedisSender:
     """Sends plans to the app's Redis: one round trip for a single job; for many, every
@@ -76,6 +80,10 @@ class RedisSender:
 
     def __init__(self, app: Conveyor) -> None:
         self.app = app
+
+    def record(self, queue: str, short_id: str) -> None:
+        """None: job records are read from Redis."""
+        return None
 
     def send(self, plan: Plan) -> Stored:
         app = self.app

@@ -28,7 +28,7 @@ import os
 import socket
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..alerts import alerter_for
 from ..clock import ServerClock
@@ -102,6 +102,7 @@ class Worker:
         self.consumer: Consumer | None = None
         self._processed = 0
         self._stop_asked: asyncio.Event | None = None  # set by a stop (of the current run)
+        self._client: Any = None  # the asyncio client of the current run
 
     # -- entry points ----------------------------------------------------------------------
 
@@ -119,6 +120,13 @@ class Worker:
         finally:
             try:
                 end_leftovers(loop, STOP_STEP_SECONDS)
+                # A leftover that sent a command after arun closed the client opened its
+                # connections again (redis-py reconnects on use), or made the app a new
+                # client for this loop: both closed here, when nothing can use them, so the
+                # loop does not close over live sockets.
+                if self._client is not None:
+                    loop.run_until_complete(self._close(self._client))
+                loop.run_until_complete(self._close(self.app))
             finally:
                 loop.close()
 
@@ -151,6 +159,7 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         self.waiting.enabled = not burst  # a burst worker leaves once idle: no offers
         app, client, runner = self.app, self.app.aredis(), self.app.ascripts()
+        self._client = client
         self.progress = ProgressWriter(runner, app.keys)
         self.notices = DeadNotices(app, alerter_for(app.alert_webhook))
         handovers = HandOvers(app, self.queues, lambda queue: consumer.nodes_ready(queue))
@@ -215,10 +224,11 @@ class Worker:
             raise self.loops.fatal
 
     @staticmethod
-    async def _close(app: Conveyor) -> None:
+    async def _close(app_or_client: Any) -> None:
+        """Close the app's client of this loop (or the client given), bounded."""
         try:
             async with asyncio.timeout(STOP_STEP_SECONDS):
-                await app.aclose()
+                await app_or_client.aclose()
         except TimeoutError:
             log.warning("closing the worker's Redis connections took over %.0f s; left"
                         " to the operating system", STOP_STEP_SECONDS)
