@@ -75,12 +75,16 @@ def _mangle(app: conveyor.Conveyor, ids: list[str]) -> Any:
 
 
 def _drive(app: conveyor.Conveyor, now: float) -> float:
-    """Fetch and succeed everything, as workers would, until nothing is left to run."""
+    """Fetch and succeed everything, as workers would, until nothing is left to run: a job
+    whose record a worker cannot read (``Leased.problem``) is dead-lettered with the reason,
+    as a worker does."""
     k = app.keys("q")
     for _ in range(12):
         fetched = app.scripts.run(calls.fetch(k, 20, app.limits, now=now))
         outcomes = [calls.Outcome(j.short_id, j.token, "ok", now / 1000, b"1")
-                    for j in fetched.jobs if j.problem is None]
+                    if j.problem is None else
+                    calls.Outcome(j.short_id, j.token, "dead", now / 1000, j.problem)
+                    for j in fetched.jobs]
         if outcomes:
             app.scripts.run(calls.finish(k, outcomes, app.limits, now=now))
         now += 3 * VT  # leases of jobs not acknowledged expire; delayed jobs come due

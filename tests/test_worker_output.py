@@ -140,7 +140,7 @@ def test_the_worker_commands_own_verbose_flag_adds_a_line_per_job(
         line = worker.wait_for(f"job {ok.id} (cli.double) succeeded")
         assert "INFO conveyor.jobs.done" in line
     finally:
-        stop_processes([worker.proc])
+        worker.stop()
 
 
 def test_redis_down_is_said_once_then_reached(cli_app: tuple[ModuleType, str],
