@@ -50,6 +50,7 @@ BATCH_WINDOW = 0.25  # fraction of a job's interval by which it may be beaten ea
 START_TELL = 0.5  # seconds: the loop looks this often for runs that began, and tells them
 # so this long after it saw them (runs shorter than that end before: their outcome tells)
 BEAT_MOST = max_items("heartbeat")  # leases one heartbeat call carries at most
+LOOK_MOST = 2000  # ids one look for cancels (ZMSCORE) carries at most
 
 # What a heartbeat call was for: the held jobs and the leases it extends, in order.
 Beat = tuple[list[Held], list[tuple[str, str, int, str]]]
@@ -181,16 +182,20 @@ class LeaseKeeper:
         for held in jobs:
             if not held.cancel_requested:
                 by_queue.setdefault(held.queue, []).append(held)
-        for queue, held_here in by_queue.items():
-            try:
-                scores = await self._client.zmscore(self._keys(queue).cancelling,
-                                                    [h.leased.short_id for h in held_here])
-            except redis.ResponseError as exc:  # this queue's set refused: the beats still go
-                log.debug("could not look for cancels in %s: %s", queue, exc)
-                continue
-            for held, score in zip(held_here, scores, strict=True):
-                if score is not None:
-                    held.next_beat = now
+        for queue, held_queue in by_queue.items():
+            # At most LOOK_MOST ids a command: a worker may hold more than a command of
+            # 3,999 arguments can carry.
+            for start in range(0, len(held_queue), LOOK_MOST):
+                held_here = held_queue[start:start + LOOK_MOST]
+                try:
+                    scores = await self._client.zmscore(
+                        self._keys(queue).cancelling, [h.leased.short_id for h in held_here])
+                except redis.ResponseError as exc:  # this queue's set refused: beats go on
+                    log.debug("could not look for cancels in %s: %s", queue, exc)
+                    break
+                for held, score in zip(held_here, scores, strict=True):
+                    if score is not None:
+                        held.next_beat = now
 
     async def _beat(self, due: list[Held], now: float, queues: list[str] | None = None
                     ) -> None:
