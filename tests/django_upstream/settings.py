@@ -24,5 +24,6 @@ TASKS = {"default": {"BACKEND": "conveyor.contrib.django.ConveyorBackend",
                      "OPTIONS": {"url": os.environ.get("CONVEYOR_REDIS_URL",
                                                        "redis://127.0.0.1:6379/0"),
                                  "namespace": "upstream"}}}
-# django-tasks-rq's tests set up django_rq's connections (on fakeredis) before each test.
+# django-tasks-rq's tests set up django_rq's own connections before each test: here they
+# name a real Redis (its in-memory stand-in is never used).
 RQ_QUEUES = {name: {"URL": "redis://127.0.0.1:6379/0"} for name in ("default", "queue-1")}
