@@ -156,7 +156,8 @@ class BatchMachine(RuleBasedStateMachine):
             raise AssertionError("the test settles the calls itself")
 
         self.task = index
-        self.outcomes = ItemOutcomes(self.app.codec, self.clock)
+        self.outcomes = ItemOutcomes(
+            lambda held, task, value: self.app.codec.encode_result(value), self.clock)
 
         async def make() -> Batches:
             # No slot is ever free: calls are made by the test's own step, not by dispatch.

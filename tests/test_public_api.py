@@ -3,11 +3,11 @@ import conveyor
 EXPECTED = [
     "Advice", "Backlog", "Batch", "BatchItem", "Codec", "ConfigurationError", "Conveyor",
     "ConveyorError",
-    "DeadLetters", "EncodingError", "Fail", "Job", "JobCancelled", "JobContext", "JobFailed",
+    "DeadLetters", "EncodingError", "Encryption", "Fail", "Job", "JobCancelled", "JobContext", "JobFailed",
     "JobInfo", "JobNotFound", "JobOptions", "JobState", "LeaseLost", "Limits", "Monitor",
     "Node", "NotReplicated", "PartialEnqueue", "PayloadTooLarge", "Queue", "QueueLimits",
     "ResultTimeout", "SerializationError", "Snooze", "Stats", "Task", "TaskActivity",
-    "TenantLimits", "Timing", "WaitTimeout", "Worker", "Workflow", "WorkflowHandle",
+    "TenantLimits", "Timing", "Unsealable", "WaitTimeout", "Worker", "Workflow", "WorkflowHandle",
     "WorkflowInfo", "__version__", "chain", "current_job",
 ]
 

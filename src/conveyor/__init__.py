@@ -14,6 +14,7 @@ from .bounds import Limits
 from .context import JobContext, current_job
 from .deadletters import DeadLetters
 from .encoding import Codec
+from .encryption import Encryption, Unsealable
 from .errors import (
     ConfigurationError,
     ConveyorError,
@@ -51,6 +52,7 @@ __all__ = [
     "ConveyorError",
     "DeadLetters",
     "EncodingError",
+    "Encryption",
     "Fail",
     "Job",
     "JobCancelled",
@@ -77,6 +79,7 @@ __all__ = [
     "TaskActivity",
     "TenantLimits",
     "Timing",
+    "Unsealable",
     "WaitTimeout",
     "Worker",
     "Workflow",

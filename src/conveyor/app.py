@@ -13,6 +13,7 @@ from . import clients, producer
 from . import keys as keyspace
 from .batch import Batch
 from .encoding import DEFAULT_MAX_PAYLOAD, Codec, Format
+from .encryption import Encryption
 from .errors import ConfigurationError
 from .hooks import Hook
 from .job import Job, JobInfo
@@ -49,6 +50,8 @@ class Conveyor:
         Slack-compatible message when jobs go dead, batched and rate-limited
     :param durable_replicas: replicas that must confirm a ``durable=True`` enqueue
     :param durable_timeout: seconds a durable enqueue waits for them (``WAIT``)
+    :param encryption: the keys that seal the arguments and results of tasks declared
+        ``encrypt=True`` (see ``docs/security.md``)
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class Conveyor:
         alert_webhook: str | Webhook | None = None,
         durable_replicas: int = 1,
         durable_timeout: float = 1.0,
+        encryption: Encryption | None = None,
     ) -> None:
         self.url = check_url(url or os.environ.get("CONVEYOR_REDIS_URL") or DEFAULT_URL)
         if not namespace or any(c in namespace for c in "{}"):
@@ -72,6 +76,9 @@ class Conveyor:
         self.alert_webhook = alert_webhook
         self.durable_replicas = durable_replicas
         self.durable_timeout = durable_timeout
+        if encryption is not None and not isinstance(encryption, Encryption):
+            raise ConfigurationError("encryption= takes a conveyor.Encryption")
+        self.encryption = encryption  # seals the tasks declared encrypt=True
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.periodics: list[Periodic] = []
         self.dead_hooks: list[Callable[[JobInfo], Any]] = []
@@ -140,6 +147,8 @@ class Conveyor:
         idle_threshold: float = 300.0,
         retry_on: ExceptionClasses | None = None,
         no_retry_on: ExceptionClasses | None = None,
+        encrypt: bool = False,
+        redact: Sequence[str] = (),
     ) -> TaskDecorator: ...
 
     @overload
@@ -157,6 +166,8 @@ class Conveyor:
         idle_threshold: float = 300.0,
         retry_on: ExceptionClasses | None = None,
         no_retry_on: ExceptionClasses | None = None,
+        encrypt: bool = False,
+        redact: Sequence[str] = (),
     ) -> BatchTaskDecorator: ...
 
     def task(
@@ -173,6 +184,8 @@ class Conveyor:
         retry_on: ExceptionClasses | None = None,
         no_retry_on: ExceptionClasses | None = None,
         batch: Batch | None = None,
+        encrypt: bool = False,
+        redact: Sequence[str] = (),
     ) -> Any:
         """Register a function (sync or async) as a task.
 
@@ -197,6 +210,11 @@ class Conveyor:
         :param batch: call the function once for many jobs, with the list of their
             :class:`~conveyor.BatchItem` (see ``docs/batches.md``); ``enqueue`` still takes
             one job's arguments
+        :param encrypt: seal its jobs' arguments and results (and step values) with the
+            app's ``encryption`` keys before they leave this process; people see
+            ``[encrypted]`` in their place
+        :param redact: names of parameters whose values the dashboard, the CLI and the
+            API show as ``[redacted]`` (the worker gets them as they are)
         """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -209,7 +227,7 @@ class Conveyor:
                 self, func, name=task_name, queue=queue, retries=retries, backoff=backoff,
                 timeout=timeout, visibility_timeout=visibility_timeout,
                 idle_threshold=idle_threshold, retry_on=retry_on, no_retry_on=no_retry_on,
-                batch=batch,
+                batch=batch, encrypt=encrypt, redact=redact,
             )
             self.tasks[task_name] = task
             return task

@@ -16,6 +16,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from . import keys as keyspace
+from .encryption import open_payload, seal_result
 from .errors import LeaseLost
 from .scripts import calls
 from .scripts.resend import aresend, resend
@@ -141,17 +142,31 @@ class JobContext(DurableWaits):
 
     # -- steps -----------------------------------------------------------------------------
 
-    def _recorded(self, raw: bytes | None) -> tuple[bool, Any]:
+    def _recorded(self, name: str, raw: bytes | None) -> tuple[bool, Any]:
         if raw is None:
             return False, None
-        return True, self._app.codec.decode_result(raw)
+        return True, self._step_value(name, raw)
+
+    def _step_value(self, name: str, raw: bytes) -> Any:
+        """A recorded step value, opened when sealed (an encrypted task's)."""
+        raw = open_payload(self._app.encryption, raw, self._held.leased.task, "step:" + name,
+                           self.id)
+        return self._app.codec.decode_result(raw)
+
+    def _step_record(self, name: str, value: Any) -> bytes:
+        """A step's value as recorded: encoded, and sealed when the task is encrypted."""
+        encoded = self._app.codec.encode_result(value)
+        task = self._app.tasks.get(self._held.leased.task)
+        if task is None or not task.encrypt:
+            return encoded
+        return seal_result(self._app, task, self.id, encoded, "step:" + name)
 
     def _kept(self, name: str, code: int, value: bytes, result: Any) -> Any:
         """What a step returns once its record was attempted (see ``calls.step``)."""
         if code == calls.STEP_RECORDED:
             return result
         if code == calls.STEP_KEPT:
-            return self._app.codec.decode_result(value)
+            return self._step_value(name, value)
         if code == calls.STEP_CANCELLING or self._held.cancel_requested:
             self._held.cancel_requested = True
             raise LeaseLost(self.id, f"step {name!r} not recorded: the job is being cancelled")
@@ -172,11 +187,12 @@ class JobContext(DurableWaits):
             lease or the job is being cancelled (the run should end)
         """
         field = self._check_name(name)
-        found, value = self._recorded(self._app.redis.hget(self._keys.job(self._short_id), field))
+        raw = self._app.redis.hget(self._keys.job(self._short_id), field)
+        found, value = self._recorded(name, raw)
         if found:
             return value  # type: ignore[no-any-return]
         result = fn(*args, **kwargs)
-        encoded = self._app.codec.encode_result(result)
+        encoded = self._step_record(name, result)
         leased = self._held.leased
         call = calls.step(self._keys, leased.short_id, leased.token, name, encoded)
         # The record is sent until it is answered while the lease may still hold (the
@@ -189,11 +205,11 @@ class JobContext(DurableWaits):
         """Async twin of :meth:`step`: ``await ctx.astep("charge", acharge, order_id)``."""
         field = self._check_name(name)
         raw = await self._app.aredis().hget(self._keys.job(self._short_id), field)
-        found, value = self._recorded(raw)
+        found, value = self._recorded(name, raw)
         if found:
             return value  # type: ignore[no-any-return]
         result = await fn(*args, **kwargs)
-        encoded = self._app.codec.encode_result(result)
+        encoded = self._step_record(name, result)
         leased = self._held.leased
         call = calls.step(self._keys, leased.short_id, leased.token, name, encoded)
         runner = self._app.ascripts()

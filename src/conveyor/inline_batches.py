@@ -24,7 +24,9 @@ def run_batch(runner: InlineRunner, queue: str, task: Task[Any, Any],
               jobs: list[tuple[str, bytes]], call: Call) -> None:
     """Run the jobs ``(short id, payload)`` of ``task`` in calls of the items left to run,
     up to the task's attempts."""
-    pending = jobs
+    opened = [(short_id, runner.opened(queue, short_id, task, payload))
+              for short_id, payload in jobs]
+    pending = [(short_id, payload) for short_id, payload in opened if payload]  # b"": dead
     for attempt in range(1, task.max_attempts + 1):
         if not pending:
             return

@@ -16,6 +16,7 @@ from . import keys as keyspace
 from . import record as record_fields
 from ._async.poll import poll as apoll
 from ._sync.poll import poll
+from .encryption import ENCRYPTED, Unsealable, open_payload
 from .errors import EncodingError, JobCancelled, JobFailed, JobNotFound
 from .hints import convert_result
 from .scripts import calls
@@ -125,7 +126,7 @@ class JobInfo:
         result: Any = None
         task = _text(get(F_TASK)) or ""
         if state == JobState.SUCCEEDED:
-            result = _result(app, task, get(b"result"))
+            result = _result(app, task, get(b"result"), keyspace.job_id(queue, short_id))
         return cls(
             id=keyspace.job_id(queue, short_id),
             task=task,
@@ -173,9 +174,15 @@ def _waiting_for(wt: str | None) -> str | None:
     return None
 
 
-def _result(app: Conveyor, task: str, raw: bytes | None) -> Any:
-    """A stored result, decoded, and converted to its task's return annotation when the
-    task is registered in ``app``."""
+def _result(app: Conveyor, task: str, raw: bytes | None, job_id: str) -> Any:
+    """A stored result, opened when sealed, decoded, and converted to its task's return
+    annotation when the task is registered in ``app``; :data:`~conveyor.encryption.
+    ENCRYPTED` for a sealed one this process cannot open."""
+    try:
+        if raw:
+            raw = open_payload(app.encryption, raw, task, "result", job_id)
+    except Unsealable:
+        return ENCRYPTED
     try:
         value = app.codec.decode_result(raw)
     except (EncodingError, RecursionError, ValueError) as exc:

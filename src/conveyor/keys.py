@@ -161,6 +161,12 @@ def queues_key(namespace: str) -> str:
     return f"{namespace}:queues"
 
 
+def redactions_key(namespace: str) -> str:
+    """Hash task name -> its redacted parameters as JSON ``[[name, position], ...]``
+    (position -1: keyword-only), written by workers at start (:mod:`conveyor.redaction`)."""
+    return f"{namespace}:redact"
+
+
 def workers_key(namespace: str) -> str:
     """Sorted set of live workers, scored by their last heartbeat (ms)."""
     return f"{namespace}:workers"

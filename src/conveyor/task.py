@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import inspect
 import random
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, Self, TypeVar, overload
 
@@ -161,6 +161,28 @@ def _epoch(at: Any) -> float | None:
     raise ConfigurationError(f"at must be an aware datetime or epoch seconds, got {at!r}")
 
 
+def _flag(task: str, option: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"task {task!r}: {option}= takes True or False, got {value!r}")
+    return value
+
+
+def _redacted(fn: Callable[..., Any], task: str, names: Sequence[str]) -> frozenset[str]:
+    """The parameter names of ``redact=``, each checked against the function's signature."""
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise ConfigurationError(f"task {task!r}: redact= takes a tuple of parameter names,"
+                                 f" got {names!r}")
+    try:
+        known = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a callable without a signature: take the names
+        return frozenset(names)
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ConfigurationError(f"task {task!r}: redact= names {', '.join(unknown)}, not"
+                                 f" parameters of the function ({', '.join(known) or 'none'})")
+    return frozenset(names)
+
+
 class Task(Generic[P, R]):
     """A registered task. Call it to run the function here; ``enqueue`` to run it on a worker.
 
@@ -185,6 +207,8 @@ class Task(Generic[P, R]):
         retry_on: ExceptionClasses | None = None,
         no_retry_on: ExceptionClasses | None = None,
         batch: Batch | None = None,
+        encrypt: bool = False,
+        redact: Sequence[str] = (),
     ) -> None:
         if batch is not None:
             if not isinstance(batch, Batch):
@@ -218,6 +242,8 @@ class Task(Generic[P, R]):
         self.retry_on = _exception_classes(name, "retry_on", retry_on)
         self.no_retry_on = _exception_classes(name, "no_retry_on", no_retry_on)
         self.batch = batch  # None: one call per job
+        self.encrypt = _flag(name, "encrypt", encrypt)  # arguments and results sealed
+        self.redact = _redacted(fn, name, redact)  # parameter names shown as [redacted]
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import hooks
 from . import keys as keyspace
+from .encryption import Unsealable, open_payload, seal_result
 from .errors import Fail
 from .hints import ArgumentMismatch, convert_arguments
 from .inline_batches import run_batch
@@ -152,6 +153,7 @@ class InlineRunner:
         if task is None:
             self._dead(queue, short_id, f"unknown task {name!r}")
             return
+        payload = self.opened(queue, short_id, task, payload)
         arguments = self._arguments(queue, short_id, task, payload)
         if arguments is None:
             return
@@ -169,6 +171,7 @@ class InlineRunner:
 
     async def _arun(self, queue: str, task: Task[Any, Any], short_id: str, payload: bytes
                     ) -> None:
+        payload = self.opened(queue, short_id, task, payload)
         arguments = self._arguments(queue, short_id, task, payload)
         if arguments is None:
             return
@@ -184,10 +187,23 @@ class InlineRunner:
                 if self._failed(queue, short_id, task, attempt, exc):
                     return
 
+    def opened(self, queue: str, short_id: str, task: Task[Any, Any], payload: bytes) -> bytes:
+        """The job's encoded arguments, opened when sealed (as a worker opens them); b""
+        when they cannot be (the job is dead then, as on a worker)."""
+        try:
+            return open_payload(self.app.encryption, payload, task.name, "args",
+                                keyspace.job_id(queue, short_id))
+        except Unsealable as exc:
+            self._start(queue, short_id, 1)
+            self._dead(queue, short_id, f"arguments cannot be opened: {exc}")
+            return b""
+
     def _arguments(self, queue: str, short_id: str, task: Task[Any, Any], payload: bytes
                    ) -> tuple[list[Any], dict[str, Any]] | None:
         """The job's arguments converted to the task's type hints, as a worker converts
         them; None when one does not fit (the job is dead then, as on a worker)."""
+        if not payload:  # could not be opened: dead already
+            return None
         args, kwargs = self.app.codec.decode_args(payload)
         try:
             return convert_arguments(task.hints, task.name, args, kwargs)
@@ -207,6 +223,9 @@ class InlineRunner:
 
     def _succeed(self, queue: str, short_id: str, value: Any) -> None:
         encoded = self.app.codec.encode_result(value)  # a result that cannot be stored fails
+        task = self.app.tasks.get(self.record(queue, short_id).get(TASK.encode(), b"").decode())
+        if task is not None and task.encrypt:
+            encoded = seal_result(self.app, task, keyspace.job_id(queue, short_id), encoded)
         self._update(queue, short_id, state="succeeded", result=encoded,
                      finished_at=repr(time.time()))
 

@@ -22,6 +22,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from . import keys as keyspace
+from .encryption import open_payload
 from .errors import JobCancelled, JobFailed, LeaseLost, WaitTimeout
 from .scripts import calls
 from .scripts.resend import resend
@@ -176,12 +177,13 @@ class DurableWaits:
                 producer.enqueue_child(task.options(queue=queue), args, kwargs, short_id,
                                        self.id)
                 raise Suspended(f"child {name!r}")
-        return self._child_result(value)
+        return self._child_result(value, task.name)
 
-    def _child_result(self, value: bytes) -> Any:
+    def _child_result(self, value: bytes, task: str) -> Any:
         tag, rest = value[:1], value[1:]
-        if tag == b"o":
-            return self._app.codec.decode_result(rest)
+        if tag == b"o":  # an encrypted child's result is sealed for the child: it opens here
+            return self._app.codec.decode_result(
+                open_payload(self._app.encryption, rest, task, "result"))
         child_id, _, detail = rest.decode(errors="replace").partition("\n")
         if tag == b"d":
             raise JobFailed(child_id, detail or None)

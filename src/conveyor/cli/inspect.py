@@ -10,11 +10,13 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..app import Conveyor
-from ..clock import server_now
+from ..encryption import ENCRYPTED
 from ..errors import JobNotFound
 from ..job import JobInfo
+from ..monitor.lists import read_job_detail
 from .base import app_options, known_queue, main
 from .layout import NAME, TEXT, Column, view
 from .observe import plain
@@ -45,13 +47,18 @@ def info_dict(info: JobInfo) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
 @app_options
 def job(app: Conveyor, job_id: str, as_json: bool) -> None:
-    """Show the record of job JOB_ID: state, attempts, timings, error, result."""
+    """Show the record of job JOB_ID: state, attempts, timings, arguments, error, result.
+
+    Arguments and results of encrypted tasks show as [encrypted], parameters a task
+    redacts as [redacted]."""
     try:
-        info = app.job(job_id).info()
+        detail = read_job_detail(app, job_id)
     except (JobNotFound, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    info = detail.info
     if as_json:
-        click.echo(json.dumps(info_dict(info), default=str, indent=2))
+        click.echo(json.dumps(info_dict(info) | {"args": detail.args, "kwargs": detail.kwargs},
+                              default=str, indent=2))
         return
     table = Table(show_header=False, box=None)
     for name in ("id", "task", "queue", "tenant", "priority", "state"):
@@ -62,17 +69,22 @@ def job(app: Conveyor, job_id: str, as_json: bool) -> None:
     if info.progress is not None:
         note = f"  {info.progress_note}" if info.progress_note else ""
         table.add_row("progress", f"{info.progress:.0%}{note}")
+    # Text, not markup: "[redacted]" and "[encrypted]" are no style tags
+    table.add_row("args", Text(detail.args if isinstance(detail.args, str)
+                               else repr(detail.args)))
+    if detail.kwargs:
+        table.add_row("kwargs", Text(repr(detail.kwargs)))
     for name in ("enqueued_at", "run_at", "started_at", "finished_at"):
         table.add_row(name, when(getattr(info, name)))
-    if info.worker is not None and info.started_at is not None:  # active, held by a worker
-        running = max(0.0, server_now(app.redis) - info.started_at)
-        table.add_row("running", f"for {seconds(running)} on worker {info.worker}")
+    if detail.running_for is not None:  # active, held by a worker
+        table.add_row("running", f"for {seconds(detail.running_for)} on worker {info.worker}")
     table.add_row("wait_time", seconds(info.wait_time))
     table.add_row("run_time", seconds(info.run_time))
     if info.error:
-        table.add_row("error", info.error)
+        table.add_row("error", Text(info.error))
     if info.result is not None:
-        table.add_row("result", repr(info.result))
+        table.add_row("result", Text(info.result if info.result == ENCRYPTED
+                                     else repr(info.result)))
     console.print(table)
 
 

@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import untrusted
 from ..clock import server_now
-from ..errors import EncodingError
 from ..job import JobInfo
-from ..record import ARGS
+from . import shown
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -132,7 +131,7 @@ def read_jobs(app: Conveyor, queue: str, state: str, offset: int = 0,
         for short, _ in ids:
             pipe.hgetall(k.job(short))
         records = pipe.execute()
-    jobs = [(JobInfo.from_record(app, queue, short, record), score / 1000)
+    jobs = [(shown.info(app, queue, short, record), score / 1000)
             for (short, score), record in zip(ids, records, strict=True)
             if record]  # a record may expire or go between the two reads
     return JobPage(queue, state, int(total), offset, limit, jobs)
@@ -153,7 +152,7 @@ def _suspended(app: Conveyor, queue: str, offset: int, limit: int) -> JobPage:
     jobs = []
     for short, record in zip(shorts, records, strict=True):
         if record:  # a record may go between the two reads
-            info = JobInfo.from_record(app, queue, short, record)
+            info = shown.info(app, queue, short, record)
             jobs.append((info, info.enqueued_at or 0.0))
     return JobPage(queue, "suspended", total, offset, limit, jobs)
 
@@ -209,13 +208,11 @@ def read_job_detail(app: Conveyor, job_id: str) -> JobDetail:
     record = app._sender.record(job.queue, job.short_id)  # conveyor.testing.inline's
     if record is None:
         record = app.redis.hgetall(app.keys(job.queue).job(job.short_id))
-    info = job._info(record)
+    if not record:
+        job._info(record)  # raises JobNotFound
+    info, args, kwargs = shown.of_record(app, job.queue, job.short_id, record)
     workflow = untrusted.text(record.get(b"wf")) or None
     running_for = None
     if info.worker is not None and info.started_at is not None:  # held: read the clock too
         running_for = max(0.0, server_now(app.redis) - info.started_at)
-    try:
-        args, kwargs = app.codec.decode_args(record.get(ARGS.encode()) or b"")
-        return JobDetail(info, list(args), dict(kwargs), workflow, running_for)
-    except EncodingError as exc:
-        return JobDetail(info, f"<undecodable arguments: {exc}>", {}, workflow, running_for)
+    return JobDetail(info, args, kwargs, workflow, running_for)

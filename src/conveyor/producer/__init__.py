@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import keys as keyspace
+from ..encryption import Encryption
 from ..errors import ConfigurationError
 from ..hooks import enqueueing, enqueueing_kinds, take_trace_id
 from ..job import Job
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ENQUEUE_CHUNK", "Arguments", "Plan", "RedisSender", "Sender", "Sent", "Stored",
            "aenqueue", "astore_workflow", "encoded", "enqueue", "enqueue_child", "job_spec",
-           "new_short_id", "new_short_ids", "plan", "store", "store_workflow"]
+           "new_short_id", "new_short_ids", "plan", "seal_args", "store", "store_workflow"]
 
 # Jobs per script call; a bulk enqueue pipelines its chunks. As many as fit in
 # MAX_COMMAND_ARGS (3,999): 7 words of EVALSHA and the transport, 26 keys and 24 fixed
@@ -89,7 +90,7 @@ def job_spec(task: Task[Any, Any]) -> calls.JobSpec:
             delay_ms=None if o.delay is None else o.delay * 1000,
             at_ms=None if o.at is None else o.at * 1000,
             max_attempts=task.max_attempts,
-            key=o.key or "",
+            key=_dedupe_key(task),
             visibility_ms=max(1, int(task.visibility_timeout * 1000)),
             debounce_ms=None if o.debounce is None else o.debounce * 1000,
             debounce_max_ms=None if o.debounce_max is None else o.debounce_max * 1000,
@@ -98,6 +99,39 @@ def job_spec(task: Task[Any, Any]) -> calls.JobSpec:
             deadline=_when(o.deadline),
         )
     return spec
+
+
+def _encryption(task: Task[Any, Any]) -> Encryption:
+    encryption = task.app.encryption
+    if encryption is None:
+        raise ConfigurationError(
+            f"task {task.name!r} is declared encrypt=True, but the app has no encryption"
+            " keys: Conveyor(..., encryption=conveyor.Encryption(keys=..., current=...))")
+    return encryption
+
+
+def _dedupe_key(task: Task[Any, Any]) -> str:
+    """The dedupe key as stored: an encrypted task's is its keyed HMAC, never the text
+    (a key is often made of the arguments)."""
+    key = task.job_options.key or ""
+    return _encryption(task).mac(key) if key and task.encrypt else key
+
+
+def _sealed(task: Task[Any, Any], spec: calls.JobSpec, jobs: list[tuple[str, bytes]]
+            ) -> list[tuple[str, bytes]]:
+    """An encrypted task's jobs with their arguments sealed, each bound to its job (a
+    debounced job's to its key: each enqueue with the key replaces its arguments)."""
+    seal, name, queue = _encryption(task).seal, task.name, task.queue
+    if spec.debounce_ms is not None:
+        bound = "key:" + spec.key
+        return [(short_id, seal(data, bound, name, "args")) for short_id, data in jobs]
+    return [(short_id, seal(data, keyspace.job_id(queue, short_id), name, "args"))
+            for short_id, data in jobs]
+
+
+def seal_args(task: Task[Any, Any], job_id: str, data: bytes) -> bytes:
+    """``data`` (a job's encoded arguments) as stored: sealed when the task is encrypted."""
+    return _encryption(task).seal(data, job_id, task.name, "args") if task.encrypt else data
 
 
 def _when(value: float | datetime.datetime | None) -> str:
@@ -188,6 +222,8 @@ def plan(task: Task[Any, Any], arguments: Sequence[Arguments], *,
         ids = new_short_ids(len(arguments)) if ids is None else ids
         jobs = [(short_id, encode(name, args, kwargs, meta))
                 for short_id, (args, kwargs) in zip(ids, arguments, strict=True)]
+    if task.encrypt:
+        jobs = _sealed(task, spec, jobs)
     if options.key is not None and len(jobs) > 1:
         raise ConfigurationError("a dedupe key names one job: use it with enqueue, not"
                                  " enqueue_many")

@@ -30,6 +30,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .. import redaction
 from ..alerts import alerter_for
 from ..clock import ServerClock
 from ..schedule import Scheduler
@@ -189,6 +190,7 @@ class Worker:
             await self._close(app)
             return
         await check_server(client, app.namespace)
+        await redaction.apublish(app, client)  # for views that do not know our tasks
         self.loops = Loops(on_fatal=lambda _exc: self._request_stop())
         listening = Listening(app.url, self.queues, app.keys, runner, self.waiting, slots,
                               consumer, hand_back, self.clock)

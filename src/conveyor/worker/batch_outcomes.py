@@ -4,6 +4,7 @@ policy and the item's own attempts."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..batch import BatchItem
@@ -13,7 +14,6 @@ from ..scripts.calls import Outcome
 from .executor import Held, describe
 
 if TYPE_CHECKING:
-    from ..encoding import Codec
     from ..task import Task
 
 # What a call gives back: an outcome for each item it settled.
@@ -21,12 +21,14 @@ Settled = list[tuple[Held, Outcome]]
 
 
 class ItemOutcomes:
-    """:param codec: encodes the items' results
+    """:param result: an item's result as stored (``Executor.result``: encoded, and sealed
+        when the task is encrypted)
     :param clock: the server's clock (the start of an item that has none)
     """
 
-    def __init__(self, codec: Codec, clock: ServerClock) -> None:
-        self._codec = codec
+    def __init__(self, result: Callable[[Held, Task[Any, Any], Any], bytes],
+                 clock: ServerClock) -> None:
+        self._result = result
         self._clock = clock
 
     def settle(self, task: Task[Any, Any], items: list[BatchItem],
@@ -53,7 +55,7 @@ class ItemOutcomes:
 
     def _ok(self, held: Held, task: Task[Any, Any], item: BatchItem) -> Outcome:
         try:
-            payload = self._codec.encode_result(item.result)
+            payload = self._result(held, task, item.result)
         except Exception as exc:  # a result that cannot be stored fails this item alone
             return self.failed(held, task, exc, describe(exc))
         return Outcome(held.leased.short_id, held.leased.token, "ok", self._started(held),

@@ -80,7 +80,8 @@ class Batches:
         self._slot_free = slot_free
         self._finished = finished
         self._progress = progress
-        self._outcomes = ItemOutcomes(app.codec, clock)
+        self._outcomes = ItemOutcomes(
+            lambda held, task, value: executor.result(held, task, value), clock)
         self._loop = asyncio.get_running_loop()
         self._now = self._loop.time  # the loop's clock: when items arrived, when they are due
         self._buffers: dict[tuple[str, str, str | None], _Buffer] = {}
@@ -269,7 +270,7 @@ class Batches:
                 leased = held.leased
                 stack.enter_context(hooks.running(
                     self._app, task, held.queue, leased.short_id, leased.attempts,
-                    leased.max_attempts, leased.args))
+                    leased.max_attempts, held.opened or leased.args))
         return stack
 
     def _call_in_thread(self, job: tuple[Task[Any, Any], list[Gathered]]) -> Settled:

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import hooks
+from .. import keys as keyspace
 from ..clock import ServerClock
 from ..context import JobContext, enter, leave
+from ..encryption import Unsealable, open_payload, seal_result
 from ..errors import Fail, LeaseLost, Snooze
 from ..hints import ArgumentMismatch, convert_arguments
 from ..scripts.calls import Leased, Outcome
@@ -28,6 +30,7 @@ from .threads import ThreadRunner
 
 if TYPE_CHECKING:
     from ..app import Conveyor
+    from ..task import Task
 
 log = logging.getLogger("conveyor.worker")
 MAX_ERROR = 8192
@@ -57,6 +60,7 @@ class Held:
     # tells so, and its attempt is given back.
     continued: bool = False
     batch: bool = False  # a job of a batch task: gathered, then run in a call of many
+    opened: bytes | None = field(default=None, repr=False)  # its arguments, opened if sealed
     # Set (from the heartbeat) once someone cancelled the job; the task's context reads it.
     cancel_requested: bool = False
     # Starting a run (a thread) and withdrawing the job (a stop) exclude each other.
@@ -139,7 +143,12 @@ class Executor:
         if task is None:
             return self._dead(held, f"unknown task {leased.task!r}")
         try:
-            args, kwargs = self.app.codec.decode_args(leased.args)
+            held.opened = open_payload(self.app.encryption, leased.args, leased.task, "args",
+                                       keyspace.job_id(held.queue, leased.short_id))
+        except Unsealable as exc:  # no key for it here, or it was altered or moved
+            return self._dead(held, f"arguments cannot be opened: {exc}")
+        try:
+            args, kwargs = self.app.codec.decode_args(held.opened)
         except Exception as exc:  # EncodingError, or RecursionError from deep nesting
             return self._dead(held, f"corrupt payload: {describe(exc)}")
         # An argument that does not fit its annotation fails the same way every attempt.
@@ -163,7 +172,7 @@ class Executor:
         try:
             with self._hooks(held, task):
                 value = await self._call(task, args, kwargs)
-            return self._ok(held, self.app.codec.encode_result(value))
+            return self._ok(held, self.result(held, task, value))
         except Snooze as snooze:
             return self._snooze(held, snooze)
         except Suspended:
@@ -196,7 +205,18 @@ class Executor:
         """The app's run hooks (tracing, test helpers) around one call of the task."""
         leased = held.leased
         return hooks.running(self.app, task, held.queue, leased.short_id, leased.attempts,
-                             leased.max_attempts, leased.args)
+                             leased.max_attempts, held.opened or leased.args)
+
+    def result(self, held: Held, task: Task[Any, Any], value: Any) -> bytes:
+        """A run's return value as stored: encoded, and sealed when the task is encrypted.
+
+        :raises SerializationError: the value cannot be encoded
+        """
+        payload = self.app.codec.encode_result(value)
+        if not task.encrypt:
+            return payload
+        return seal_result(self.app, task, keyspace.job_id(held.queue, held.leased.short_id),
+                           payload)
 
     def _ok(self, held: Held, payload: bytes) -> Outcome:
         return Outcome(held.leased.short_id, held.leased.token, "ok",
@@ -249,7 +269,7 @@ class Executor:
                     value = task.fn(*args, **kwargs)
             finally:
                 leave(token)
-            return self._ok(held, self.app.codec.encode_result(value))
+            return self._ok(held, self.result(held, task, value))
         except Snooze as snooze:
             return self._snooze(held, snooze)
         except Suspended:

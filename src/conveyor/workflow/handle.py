@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .. import keys as keyspace
+from .. import untrusted
 from .._async.poll import poll as apoll
 from .._sync.poll import poll
+from ..encryption import open_payload
 from ..errors import EncodingError, JobCancelled, JobFailed, JobNotFound
 from ..job import JobInfo, JobState
-from ..record import STATE
+from ..record import STATE, TASK
 from ..scripts import calls
 
 if TYPE_CHECKING:
@@ -229,9 +231,12 @@ def _parents(app: Conveyor, raw: Any, job_id: str) -> list[tuple[str, str]]:
 def _results(app: Conveyor, parents: list[tuple[str, str]], replies: list[Any]
              ) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for (name, _), (state, result) in zip(parents, replies, strict=True):
+    for (name, pid), (state, result, task) in zip(parents, replies, strict=True):
         if state == b"succeeded":
             try:
+                if result:  # an encrypted parent's result opens for this job's worker
+                    result = open_payload(app.encryption, result, untrusted.text(task) or "",
+                                          "result", pid)
                 out[name] = app.codec.decode_result(result)
             except (EncodingError, RecursionError, ValueError) as exc:
                 out[name] = f"<undecodable result: {type(exc).__name__}: {exc}>"
@@ -251,7 +256,7 @@ def parent_results(app: Conveyor, job_id: str) -> dict[str, Any]:
         return {}
     with app.redis.pipeline(transaction=False) as pipe:
         for _, pid in parents:
-            pipe.hmget(_job_key(app, pid), STATE, "result")
+            pipe.hmget(_job_key(app, pid), STATE, "result", TASK)
         replies = pipe.execute()
     return _results(app, parents, replies)
 
@@ -264,6 +269,6 @@ async def aparent_results(app: Conveyor, job_id: str) -> dict[str, Any]:
         return {}
     async with client.pipeline(transaction=False) as pipe:
         for _, pid in parents:
-            pipe.hmget(_job_key(app, pid), STATE, "result")
+            pipe.hmget(_job_key(app, pid), STATE, "result", TASK)
         replies = await pipe.execute()
     return _results(app, parents, replies)

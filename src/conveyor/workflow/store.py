@@ -26,7 +26,7 @@ import msgspec
 from .. import keys as keyspace
 from ..errors import ConfigurationError, PartialEnqueue
 from ..job import Job
-from ..producer import job_spec
+from ..producer import job_spec, seal_args
 from ..scripts import ScriptCall, calls, max_items
 from .builder import Workflow
 from .handle import run_all
@@ -73,7 +73,8 @@ def plan(app: Conveyor, wf: Workflow,
     for node in order:
         task = node.task
         meta = meta_of(task) if meta_of is not None else None
-        args = app.codec.encode_args(task.name, node.args, node.kwargs, meta)
+        args = seal_args(task, ids[node.name],
+                         app.codec.encode_args(task.name, node.args, node.kwargs, meta))
         ps = parents[node.name]
         by_queue.setdefault(task.queue, []).append(calls.NodeSpec(
             short_id=keyspace.split_job_id(ids[node.name])[1], spec=job_spec(task), args=args,

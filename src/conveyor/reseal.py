@@ -1,0 +1,121 @@
+"""Re-encrypting a queue's stored jobs under the current key (``conveyor reseal QUEUE``).
+
+A key rotation adds the new key as ``current`` and keeps the old one listed; this moves
+every sealed value of the queue's job records (arguments, results, step values) under the
+current key, so that the old key can then be dropped. Records are visited by a ``SCAN`` of
+the queue's job keys (queued, scheduled, running, suspended, dead and finished alike), and
+each is rewritten under ``WATCH``: a record a worker or producer changed between the read
+and the write is read again, never overwritten with what it held before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from .encryption import Unsealable, is_sealed
+from .errors import ConfigurationError
+from .record import ARGS, TASK
+
+if TYPE_CHECKING:
+    from .app import Conveyor
+
+__all__ = ["ResealReport", "reseal"]
+
+SCAN_COUNT = 500
+TRIES = 10  # rewrites of one record raced by others before it is reported as skipped
+
+
+@dataclass
+class ResealReport:
+    """What a reseal did: records read, records rewritten, and the jobs whose sealed
+    values could not be opened here (with why) or kept changing under it."""
+
+    records: int = 0
+    resealed: int = 0
+    unreadable: dict[str, str] = field(default_factory=dict)
+    busy: list[str] = field(default_factory=list)
+
+
+def _part(name: bytes) -> str | None:
+    """The sealed part a record field holds, as it was bound (None: never sealed)."""
+    if name == ARGS.encode():
+        return "args"
+    if name == b"result":
+        return "result"
+    if name.startswith(b"step:"):
+        return name.decode(errors="replace")
+    return None
+
+
+def _changes(app: Conveyor, record: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """The fields of ``record`` sealed under another key than the current one, sealed
+    again under it.
+
+    :raises Unsealable: one does not open here
+    """
+    encryption = app.encryption
+    assert encryption is not None
+    task = record.get(TASK.encode(), b"").decode(errors="replace")
+    out = {}
+    for name, value in record.items():
+        part = _part(name)
+        if part is not None and is_sealed(value):
+            again = encryption.reseal(value, task, part)
+            if again is not None:
+                out[name] = again
+    return out
+
+
+def _one(app: Conveyor, key: str, report: ResealReport) -> None:
+    for _ in range(TRIES):
+        with app.redis.pipeline() as pipe:
+            try:
+                pipe.watch(key)
+                record = pipe.hgetall(key)
+                if not record:
+                    return  # gone meanwhile (finished and expired, purged)
+                changes = _changes(app, record)
+                if not changes:
+                    return
+                pipe.multi()
+                pipe.hset(key, mapping=changes)
+                pipe.execute()
+                report.resealed += 1
+                return
+            except redis.WatchError:
+                continue  # changed under us: read it again
+    report.busy.append(key)
+
+
+def reseal(app: Conveyor, queue: str, on_record: Callable[[int], Any] | None = None
+           ) -> ResealReport:
+    """Seal every sealed value of ``queue``'s job records under the current key.
+
+    :param on_record: called with the number of records read so far (a progress bar)
+    :raises ConfigurationError: the app has no encryption keys
+    """
+    if app.encryption is None:
+        raise ConfigurationError("reseal needs the app's encryption keys (--app MODULE:APP"
+                                 " of an app made with encryption=...)")
+    report = ResealReport()
+    prefix = app.keys(queue).job("")
+    for raw in app.redis.scan_iter(match=_glob_escape(prefix) + "*", count=SCAN_COUNT):
+        key = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if ":" in key[len(prefix):]:
+            continue  # a key under the record's name (none today), not a record
+        report.records += 1
+        try:
+            _one(app, key, report)
+        except Unsealable as exc:
+            report.unreadable[key[len(prefix):]] = str(exc)
+        if on_record is not None:
+            on_record(report.records)
+    return report
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
