@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import redis
 from cryptography import x509
@@ -50,7 +50,7 @@ class Certificates:
 
     def query(self, ca: Path | None = None, client: bool = True) -> str:
         """:meth:`client_options` as a URL query (``?ssl_ca_certs=...``)."""
-        return "?" + urlencode(self.client_options(ca, client))
+        return "?" + urlencode(self.client_options(ca, client), safe="/", quote_via=quote)
 
     def server_args(self, require_client_cert: bool = False) -> list[str]:
         """redis-server's TLS options with these files (its TLS connections to other
