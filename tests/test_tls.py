@@ -26,6 +26,7 @@ from conveyor.urls import public_url, split_tls, with_tls
 from helpers import (
     CONVEYOR,
     TESTS,
+    RedisCluster,
     WorkerProcesses,
     env_with_src,
     run_async,
@@ -305,3 +306,32 @@ def test_a_worker_with_a_wrong_ca_says_why_and_stops_when_told(tls_server: TLSRe
     finally:
         stop_processes([proc], grace=10)
     assert proc.returncode is not None
+
+
+# -- Cluster and Sentinel --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(certs: Certificates) -> Iterator[RedisCluster]:
+    cluster = RedisCluster(tls=certs).start()
+    yield cluster
+    cluster.cleanup()
+
+
+def test_jobs_run_on_a_cluster_over_mutual_tls(tls_cluster: RedisCluster) -> None:
+    """The cluster clients pass the certificates to every node they discover."""
+    app = make_app(tls_cluster.url)
+    add, aadd = app.tasks["add"], app.tasks["aadd"]
+    try:
+        jobs = [add.options(queue=f"q{i}").enqueue(i, 1) for i in range(6)]
+
+        async def produce() -> Any:
+            return await aadd.aenqueue(3, 4)
+
+        jobs.append(run_async(app, produce()))
+        with running_worker(app, queues=[f"q{i}" for i in range(6)] + ["default"],
+                            concurrency=4):
+            assert [job.result(timeout=15) for job in jobs] == [*range(1, 7), 7]
+        assert len({tls_cluster.node_of(app.keys(f"q{i}").wake) for i in range(6)}) > 1
+    finally:
+        app.close()

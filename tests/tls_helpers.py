@@ -143,9 +143,19 @@ class TLSRedisServer(RedisServer):
                  extra: list[str] | None = None) -> None:
         super().__init__(extra=extra)
         self.certs = certs
-        # Later options win: the plain port given by RedisServer.start is closed.
+        self.require_client_cert = require_client_cert
+
+    def start(self) -> TLSRedisServer:
+        # Later options win: the plain port RedisServer.start gives is closed. Read at
+        # start, since a cluster sets ``port`` after making the node.
+        plain_extra = self.extra
         self.extra = ["--port", "0", "--tls-port", str(self.port),
-                      *certs.server_args(require_client_cert), *self.extra]
+                      *self.certs.server_args(self.require_client_cert), *plain_extra]
+        try:
+            super().start()
+        finally:
+            self.extra = plain_extra
+        return self
 
     @property
     def url(self) -> str:
