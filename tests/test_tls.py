@@ -34,7 +34,7 @@ from helpers import (
     stop_processes,
     wait_until,
 )
-from tls_helpers import Certificates, TLSRedisServer, make_certificates
+from tls_helpers import Certificates, TLSRedisServer, TLSSentinel, make_certificates
 
 FAILS_WITHIN = 5.0  # seconds a refused TLS connection may take to say so
 
@@ -333,5 +333,36 @@ def test_jobs_run_on_a_cluster_over_mutual_tls(tls_cluster: RedisCluster) -> Non
                             concurrency=4):
             assert [job.result(timeout=15) for job in jobs] == [*range(1, 7), 7]
         assert len({tls_cluster.node_of(app.keys(f"q{i}").wake) for i in range(6)}) > 1
+    finally:
+        app.close()
+
+
+@pytest.fixture(scope="module")
+def tls_sentinel(certs: Certificates) -> Iterator[TLSSentinel]:
+    group = TLSSentinel(certs).start()
+    yield group
+    group.cleanup()
+
+
+@pytest.mark.parametrize("how", ["url", "keyword"])
+def test_jobs_run_through_a_sentinel_over_mutual_tls(tls_sentinel: TLSSentinel,
+                                                     certs: Certificates, how: str) -> None:
+    """The certificates go to the connections to the sentinel and to the primary it
+    names, given in the URL or as ``ssl=``."""
+    if how == "url":
+        app = make_app(tls_sentinel.url)
+    else:
+        app = make_app(tls_sentinel.url.partition("?")[0], ssl={
+            "ca_certs": certs.ca, "certfile": certs.client_cert, "keyfile": certs.client_key})
+    add, aadd = app.tasks["add"], app.tasks["aadd"]
+    try:
+        job = add.enqueue(1, 2)
+
+        async def produce() -> Any:
+            return await aadd.aenqueue(3, 4)
+
+        async_job = run_async(app, produce())
+        with running_worker(app, concurrency=4):
+            assert (job.result(timeout=10), async_job.result(timeout=10)) == (3, 7)
     finally:
         app.close()

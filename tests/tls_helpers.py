@@ -4,14 +4,17 @@
 127.0.0.1 and localhost (the IP in the subject alternative names, as hostname checking
 of an IP address needs), a client certificate signed by the same CA, and a second CA that
 signed nothing of these (the "wrong CA" a client may be given).
-:class:`TLSRedisServer` is a :class:`helpers.RedisServer` whose only port is its TLS port.
+:class:`TLSRedisServer` is a :class:`helpers.RedisServer` whose only port is its TLS port;
+:class:`TLSSentinel` a TLS primary with a TLS sentinel watching it.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from helpers import RedisServer
+from helpers import REDIS_SERVER, RedisServer, free_port, wait_until
 
 Key = ec.EllipticCurvePrivateKey
 
@@ -181,3 +184,67 @@ class TLSRedisServer(RedisServer):
             self.process.kill()
             self.process.wait(5)
         self.process = None
+
+
+class TLSSentinel:
+    """A TLS-only primary and one TLS-only sentinel watching it (quorum 1), both requiring
+    client certificates; the sentinel reaches the primary over TLS (``tls-replication``)."""
+
+    SERVICE = "tlsprimary"
+
+    def __init__(self, certs: Certificates) -> None:
+        self.certs = certs
+        self.primary = TLSRedisServer(certs, require_client_cert=True)
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="conveyor-tls-sentinel-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return (f"rediss+sentinel://127.0.0.1:{self.port}/{self.SERVICE}/0"
+                f"{self.certs.query()}")
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, ssl=True, **self.certs.client_options())
+
+    def start(self) -> TLSSentinel:
+        self.primary.start()
+        options = [("port", "0"), ("tls-port", str(self.port)), ("bind", "127.0.0.1"),
+                   ("dir", str(self.dir)), ("logfile", str(self.dir / "sentinel.log")),
+                   ("tls-replication", "yes"), ("tls-cert-file", str(self.certs.server_cert)),
+                   ("tls-key-file", str(self.certs.server_key)),
+                   ("tls-ca-cert-file", str(self.certs.ca)), ("tls-auth-clients", "yes"),
+                   ("sentinel monitor", f"{self.SERVICE} 127.0.0.1 {self.primary.port} 1")]
+        config = self.dir / "sentinel.conf"
+        config.write_text("".join(f"{name} {value}\n" for name, value in options))
+        self.process = subprocess.Popen([REDIS_SERVER, str(config), "--sentinel"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = self.client()
+
+        def primary_known() -> bool:
+            try:
+                return client.sentinel_get_master_addr_by_name(self.SERVICE) is not None
+            except redis.exceptions.ConnectionError:
+                return False
+
+        try:
+            wait_until(primary_known, 10, message=f"sentinel on port {self.port}")
+            # info-refresh: milliseconds since the primary answered the sentinel's INFO
+            # (over TLS); huge until it first did.
+            wait_until(lambda: int(client.sentinel_master(self.SERVICE)["info-refresh"])
+                       < 10_000, 10, 0.1, "the sentinel to reach the primary")
+        finally:
+            client.close()
+        return self
+
+    def cleanup(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+            self.process = None
+        self.primary.cleanup()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -70,7 +70,10 @@ def public_url(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return "<unreadable URL>"
-    if any(name in SECRET_OPTIONS for name, _ in parse_qsl(parts.query)):
+    secret_query = any(name in SECRET_OPTIONS for name, _ in parse_qsl(parts.query))
+    if parts.password is None and not secret_query:
+        return url
+    if secret_query:
         query = [(name, "***" if name in SECRET_OPTIONS else value)
                  for name, value in parse_qsl(parts.query, keep_blank_values=True)]
         parts = parts._replace(query=urlencode(query, safe="*/", quote_via=quote))
