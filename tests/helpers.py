@@ -317,26 +317,42 @@ def _cluster_port() -> int:
 
 class RedisCluster:
     """A private 3-primary Redis Cluster: one redis-server per node, each on a free port
-    in its own folder, joined with ``redis-cli --cluster create``."""
+    in its own folder, joined with ``redis-cli --cluster create``.
 
-    def __init__(self, primaries: int = 3) -> None:
-        self.nodes = []
+    With ``tls`` (a :class:`tls_helpers.Certificates`) every node listens only for TLS and
+    requires a client certificate, the cluster bus too (``--tls-cluster yes``), and
+    :attr:`url` is ``rediss+cluster://`` with the certificates in its query.
+    """
+
+    def __init__(self, primaries: int = 3, tls: Any = None) -> None:
+        self.tls = tls
+        self.nodes: list[RedisServer] = []
         for _ in range(primaries):
-            node = RedisServer(extra=["--cluster-enabled", "yes", "--cluster-config-file",
-                                      "nodes.conf", "--cluster-node-timeout", "5000"])
+            extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                     "--cluster-node-timeout", "5000"]
+            if tls is None:
+                node = RedisServer(extra=extra)
+            else:
+                from tls_helpers import TLSRedisServer
+
+                node = TLSRedisServer(tls, require_client_cert=True,
+                                      extra=[*extra, "--tls-cluster", "yes"])
             node.port = _cluster_port()
             self.nodes.append(node)
 
     @property
     def url(self) -> str:
         """A conveyor URL naming the first node as the startup node."""
+        if self.tls is not None:
+            return f"rediss+cluster://127.0.0.1:{self.nodes[0].port}/0{self.tls.query()}"
         return f"redis+cluster://127.0.0.1:{self.nodes[0].port}/0"
 
     def start(self) -> RedisCluster:
         for node in self.nodes:
             node.start()
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
-        subprocess.run([REDIS_CLI, "--cluster", "create", *addresses, "--cluster-replicas",
+        tls = self.tls.cli_args() if self.tls is not None else []
+        subprocess.run([REDIS_CLI, *tls, "--cluster", "create", *addresses, "--cluster-replicas",
                         "0", "--cluster-yes"], check=True, capture_output=True, timeout=30)
 
         def ready() -> bool:

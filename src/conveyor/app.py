@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
@@ -20,7 +20,7 @@ from .job import Job, JobInfo
 from .limits import Queue
 from .scripts import AsyncScriptRunner, ScriptRunner, calls
 from .task import AsyncTask, BatchTaskDecorator, ExceptionClasses, Task, TaskDecorator
-from .urls import check_url, public_url
+from .urls import check_url, public_url, with_tls
 from .workflow import Workflow, WorkflowHandle
 from .workflow import batch as _batch
 
@@ -52,6 +52,11 @@ class Conveyor:
     :param durable_timeout: seconds a durable enqueue waits for them (``WAIT``)
     :param encryption: the keys that seal the arguments and results of tasks declared
         ``encrypt=True`` (see ``docs/security.md``)
+    :param ssl: TLS options for a ``rediss://`` (``rediss+cluster://``,
+        ``rediss+sentinel://``) URL: redis-py's ``ssl_*`` options without the prefix, e.g.
+        ``{"ca_certs": "ca.pem", "certfile": "c.pem", "keyfile": "k.pem"}``; they are added
+        to the URL's query, so ``app.url`` carries them to every client made from it (see
+        :func:`conveyor.urls.with_tls`). A ``ValueError`` for a URL without TLS.
     """
 
     def __init__(
@@ -66,8 +71,11 @@ class Conveyor:
         durable_replicas: int = 1,
         durable_timeout: float = 1.0,
         encryption: Encryption | None = None,
+        ssl: Mapping[str, Any] | None = None,
     ) -> None:
         self.url = check_url(url or os.environ.get("CONVEYOR_REDIS_URL") or DEFAULT_URL)
+        if ssl is not None:
+            self.url = with_tls(self.url, ssl)
         if not namespace or any(c in namespace for c in "{}"):
             raise ConfigurationError(f"namespace must be non-empty without braces: {namespace!r}")
         self.namespace = namespace

@@ -12,7 +12,8 @@ script call lands on one node.
 
 A URL whose scheme ends in ``+sentinel`` names Redis Sentinels, a service and a database:
 ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db][?client_name=x]``
-(``rediss+sentinel://`` for TLS to the servers and the sentinels). The clients then ask
+(``rediss+sentinel://`` for TLS to the servers and the sentinels, both with the URL's TLS
+options). The clients then ask
 the sentinels for the current primary and follow it across failovers. ``client_name``
 names the connections to the servers (``CLIENT LIST`` shows it), as in a plain URL.
 
@@ -26,6 +27,9 @@ connections to a primary the sentinels replaced.
 Every client notices a dead peer within seconds, not after TCP's minutes: connections
 time out on connect and on reads (a blocking reader passes a longer ``socket_timeout`` of
 its own), use TCP keepalive, and are health-checked with a PING when idle for a while.
+
+TLS options in a URL's query (``rediss://host:6380/0?ssl_ca_certs=ca.pem``) are taken out
+and passed typed (:func:`conveyor.urls.split_tls`) to every kind of client alike.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from redis.connection import HiredisRespSerializer
 
 from .errors import ConfigurationError
 from .scripts import AsyncScriptRunner
+from .urls import split_tls
 
 
 class HiredisPackedConnection(AsyncConnection):
@@ -214,8 +219,11 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
                           scheme.startswith("rediss"), username, password, client_name)
 
 
-def _health(options: dict[str, Any]) -> dict[str, Any]:
-    """Connection defaults that notice a dead peer; the caller's options win."""
+def _health(options: dict[str, Any], tls: dict[str, Any]) -> dict[str, Any]:
+    """Connection defaults that notice a dead peer, and the URL's TLS options; the caller's
+    options win."""
+    for name, value in tls.items():
+        options.setdefault(name, value)
     options.setdefault("socket_timeout", SOCKET_TIMEOUT)
     options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
     options.setdefault("socket_keepalive", True)
@@ -223,10 +231,11 @@ def _health(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _sentinel_options(target: SentinelTarget, options: dict[str, Any]) -> dict[str, Any]:
+def _sentinel_options(target: SentinelTarget, options: dict[str, Any],
+                      tls: dict[str, Any]) -> dict[str, Any]:
     sentinel_kwargs = {k: options[k] for k in ("socket_timeout", "socket_connect_timeout")}
-    if target.tls:
-        sentinel_kwargs["ssl"] = True
+    if target.tls:  # the sentinels and the servers share the TLS options
+        sentinel_kwargs.update(tls, ssl=True)
         options["ssl"] = True
     if target.username:
         options["username"] = target.username
@@ -249,13 +258,14 @@ def _node_url(url: str) -> str:
 
 def sync_client(url: str, **options: Any) -> Any:
     """A ``redis.Redis`` (or ``redis.cluster.RedisCluster``) for ``url``, replies as bytes."""
-    _health(options)
+    url, tls = split_tls(url)
+    _health(options, tls)
     if is_cluster(url):
         options.pop("health_check_interval")  # the cluster client checks its nodes itself
         return redis.cluster.RedisCluster.from_url(_node_url(url), **options)
     if is_sentinel(url):
         target = parse_sentinel_url(url)
-        sentinel_kwargs = _sentinel_options(target, options)
+        sentinel_kwargs = _sentinel_options(target, options, tls)
         sentinel = _SyncSentinel(list(target.sentinels),
                                            sentinel_kwargs=sentinel_kwargs, **options)
         return sentinel.master_for(target.service, connection_pool_class=FollowingSentinelPool,
@@ -271,13 +281,14 @@ def async_client(url: str, **options: Any) -> Any:
     ``redis.asyncio.cluster.RedisCluster`` for a cluster URL (its nodes make their own
     connections, with redis-py's packing); a client of the current primary for a sentinel
     URL."""
-    _health(options)
+    url, tls = split_tls(url)
+    _health(options, tls)
     if is_cluster(url):
         options.pop("health_check_interval")
         return redis.asyncio.cluster.RedisCluster.from_url(_node_url(url), **options)
     if is_sentinel(url):
         target = parse_sentinel_url(url)
-        sentinel_kwargs = _sentinel_options(target, options)
+        sentinel_kwargs = _sentinel_options(target, options, tls)
         sentinel = _AsyncSentinel(list(target.sentinels),
                                                    sentinel_kwargs=sentinel_kwargs, **options)
         return sentinel.master_for(target.service, redis_class=AsyncSentinelClient,
