@@ -41,7 +41,12 @@ CONNECTION = ("ping", "echo", "hello", "auth", "select", "time", "readonly",
               "acl|whoami", "command", "command|info", "command|docs", "command|count",
               "cluster|slots", "cluster|shards", "cluster|nodes", "cluster|info",
               "cluster|keyslot")
-SCRIPTING = ("evalsha", "eval", "script|load", "script|exists")
+SCRIPTING = ("script|load", "script|exists")
+# EVAL and EVALSHA declare their KEYS as read and written, so the call itself must be
+# allowed on every key a script is passed; what the script then does with each key is
+# checked command by command against the user's other rules. So a selector allows the
+# calls, on the namespace's queue keys, and grants no other command.
+SCRIPT_CALLS = ("evalsha", "eval")
 # Commands of @read that name no key, so key patterns cannot bound them: they would show
 # other namespaces' key names.
 UNBOUNDED_READS = ("scan", "randomkey", "dbsize")
@@ -57,6 +62,7 @@ class Role:
 
     summary: str
     scripts: tuple[str, ...] = ()
+    all_scripts: bool = False  # runs every script (its commands come from categories)
     commands: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
     queue_keys: dict[str, str] = field(default_factory=dict)
@@ -90,7 +96,7 @@ _ROLES: dict[str, Role] = {
         "tasks, register itself, events, reclaim expired leases; cannot pause, resume or "
         "set limits",
         categories=("@read", "@write", "@transaction", "@blocking"),
-        commands=SCRIPTING,
+        all_scripts=True,
         queue_keys={**dict.fromkeys(_ALL_KEYS, BOTH), "limits": READ, "paused": READ},
         registry=((BOTH, "*"),)),
     "dashboard-readonly": Role(
@@ -115,7 +121,7 @@ _ROLES: dict[str, Role] = {
     "admin": Role(
         "everything in the namespace: all of the above, purge, limits",
         categories=("@read", "@write", "@transaction", "@blocking"),
-        commands=SCRIPTING,
+        all_scripts=True,
         queue_keys=dict.fromkeys(_ALL_KEYS, BOTH),
         registry=((BOTH, "*"),)),
 }
@@ -166,7 +172,8 @@ def rules(role_name: str, namespace: str) -> list[str]:
     if "@read" in r.categories:
         out += [f"-{c}" for c in UNBOUNDED_READS]
     commands = dict.fromkeys((*CONNECTION, *r.commands, *script_commands(r.scripts)))
-    if r.scripts:
+    runs_scripts = r.all_scripts or bool(r.scripts)
+    if runs_scripts:
         commands.update(dict.fromkeys(SCRIPTING))
     out += [f"+{c}" for c in commands]
     out += key_patterns(namespace, r.queue_keys)
@@ -175,6 +182,9 @@ def rules(role_name: str, namespace: str) -> list[str]:
     for selector_commands, grants in r.selectors:
         inner = [f"+{c}" for c in selector_commands] + key_patterns(namespace, grants)
         out.append("(" + " ".join(inner) + ")")
+    if runs_scripts:
+        calls = " ".join(f"+{c}" for c in SCRIPT_CALLS)
+        out.append(f"({calls} ~{queue_keys(glob_escape(namespace), '*').tag[:-1]})")
     return out
 
 
