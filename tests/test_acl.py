@@ -78,6 +78,10 @@ def refused(action: Callable[[], Any]) -> str:
 
 
 def tasks(app: conveyor.Conveyor) -> dict[str, conveyor.Task[Any, Any]]:
+    """The tasks ``double`` and ``boom`` (dead at once) of ``app``, registered once."""
+    if "double" in app.tasks:
+        return {"double": app.tasks["double"], "boom": app.tasks["boom"]}
+
     @app.task(name="double")
     def double(x: int) -> int:
         return 2 * x
@@ -150,3 +154,105 @@ def test_worker_runs_jobs_retries_periodics_and_progress(users: Users,
     assert job.info().state == conveyor.JobState.SUCCEEDED and len(attempts) == 2
     refused(lambda: worker_app.queue("default").set_limits(concurrency=3))
     refused(lambda: worker_app.queue("default").pause())
+
+
+def dead_job(producer: conveyor.Conveyor, admin: conveyor.Conveyor) -> conveyor.Job[Any]:
+    """A job of the task ``boom`` run to its death by the admin's worker."""
+    tasks(admin)
+    job = tasks(producer)["boom"].enqueue()
+    with running_worker(admin, queues=["default"]):
+        wait_until(lambda: job.info().state == conveyor.JobState.DEAD, 10, message="dead")
+    return job
+
+
+def test_dashboard_readonly_reads_every_page_and_writes_nothing(users: Users) -> None:
+    from starlette.testclient import TestClient
+
+    from conveyor.web import create_app
+
+    admin, producer, reader = users.app("admin"), users.app("producer"), users.app(
+        "dashboard-readonly")
+    job = dead_job(producer, admin)
+    ready = tasks(producer)["double"].enqueue(1)
+    tasks(reader)
+    monitor = reader.monitor
+    monitor.overview()
+    monitor.backlog("default")
+    monitor.stats(queue="default")
+    monitor.stats_by_task()
+    monitor.activity()
+    monitor.workers()
+    monitor.supervisors()
+    monitor.schedules()
+    monitor.series("default")
+    monitor.flow("default")
+    monitor.job_detail(job.id)
+    monitor.jobs("default", "dead")
+    assert reader.job(ready.id).info().state == conveyor.JobState.READY
+    with TestClient(create_app(reader, cache_seconds=0), follow_redirects=False) as web:
+        for path in ("/", "/queues/default", "/queues/default/jobs?state=dead", "/tasks",
+                     "/jobs", f"/jobs/{job.id}", "/workers", "/schedules", "/api/overview",
+                     "/api/tasks", "/api/workers", "/api/supervisors", "/api/schedules",
+                     "/api/queues/default", "/api/queues/default/series",
+                     "/api/queues/default/jobs?state=dead", f"/api/jobs/{job.id}"):
+            assert web.get(path).status_code == 200, path
+    refused(lambda: tasks(reader)["double"].enqueue(1))
+    refused(lambda: reader.dead_letters("default").purge())
+    refused(lambda: reader.job(ready.id).cancel())
+    refused(lambda: reader.redis.set(reader.keys("default").paused, 1))
+    refused(lambda: reader.redis.set(f"{reader.namespace}:queues", 1))
+
+
+def test_operator_requeues_cancels_pauses_but_cannot_purge(users: Users) -> None:
+    admin, producer, operator = (users.app("admin"), users.app("producer"),
+                                 users.app("operator"))
+    job = dead_job(producer, admin)
+    dead = operator.dead_letters("default")
+    refused(dead.purge)
+    assert [info.id for info in dead.list()] == [job.id]  # the refused purge deleted nothing
+    assert dead.requeue(job.id) == 1
+    assert job.info().state == conveyor.JobState.READY
+    assert operator.job(job.id).cancel() is True
+    assert job.info().state == conveyor.JobState.CANCELLED
+    queue = operator.queue("default")
+    queue.pause()
+    assert queue.is_paused()
+    queue.resume()
+    assert not queue.is_paused()
+    refused(lambda: queue.set_limits(concurrency=2))
+
+
+def test_admin_purges_and_sets_limits(users: Users) -> None:
+    admin, producer = users.app("admin"), users.app("producer")
+    dead_job(producer, admin)
+    assert admin.dead_letters("default").purge() == 1
+    assert admin.queue("default").set_limits(concurrency=2).concurrency == 2
+    tasks(producer)["double"].enqueue(1)
+    assert admin.queue("default").purge_ready() == 1
+
+
+@pytest.mark.parametrize("role", acl.ROLES)
+def test_a_namespace_user_cannot_read_another_namespace(users: Users, role: str) -> None:
+    other = users.app("admin", namespace="b")
+    job = tasks(other)["double"].enqueue(1)
+    mine = users.app(role, namespace="a")
+    refused(lambda: mine.redis.hgetall(other.keys("default").job_prefix + job.id.split("~")[1]))
+    refused(lambda: mine.redis.smembers("b:queues"))
+    refused(lambda: mine.redis.keys("*"))
+
+
+def test_the_cli_prints_rules_and_a_setuser_line_without_the_password(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = CliRunner()
+    out = runner.invoke(main, ["acl", "--role", "operator", "--namespace", "shop"])
+    assert out.exit_code == 0, out.output
+    assert out.output.split() == acl.rules("operator", "shop")
+    line = runner.invoke(main, ["acl", "--role", "producer", "--namespace", "shop",
+                                "--user", "shop-producer"])
+    assert line.output.startswith("ACL SETUSER shop-producer reset on >PASSWORD ")
+    monkeypatch.setenv("SHOP_PW", "hunter2")
+    given = runner.invoke(main, ["acl", "--role", "worker", "--user", "w",
+                                 "--password-env", "SHOP_PW", "--format", "command"])
+    assert ">hunter2" in given.output and "~{conveyor:*}:leases" in given.output
+    bad = runner.invoke(main, ["acl", "--role", "root"])
+    assert bad.exit_code != 0 and "dashboard-readonly" in bad.output

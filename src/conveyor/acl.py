@@ -63,6 +63,7 @@ class Role:
     summary: str
     scripts: tuple[str, ...] = ()
     all_scripts: bool = False  # runs every script (its commands come from categories)
+    confined: tuple[str, ...] = ()  # commands granted only by a selector, on its keys
     commands: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
     queue_keys: dict[str, str] = field(default_factory=dict)
@@ -116,6 +117,7 @@ _ROLES: dict[str, Role] = {
              "wake", "dedupe_prefix", "cancelling", "suspended", "handover", "paused",
              "replies_prefix", "dead"), BOTH)},
         registry=((READ, "*"),),
+        confined=("del", "unlink"),
         selectors=((("del", "unlink"), {"paused": BOTH, "dedupe_prefix": BOTH,
                                         "replies_prefix": BOTH}),)),
     "admin": Role(
@@ -175,7 +177,7 @@ def rules(role_name: str, namespace: str) -> list[str]:
     runs_scripts = r.all_scripts or bool(r.scripts)
     if runs_scripts:
         commands.update(dict.fromkeys(SCRIPTING))
-    out += [f"+{c}" for c in commands]
+    out += [f"+{c}" for c in commands if c not in r.confined]
     out += key_patterns(namespace, r.queue_keys)
     registry = glob_escape(queues_key(namespace)).removesuffix("queues")
     out += [permission + registry + pattern for permission, pattern in r.registry]

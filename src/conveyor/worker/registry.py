@@ -228,12 +228,13 @@ def live_workers(app: Conveyor, interval: float = HEARTBEAT_SECONDS,
 def queue_members(pipe: Any, app: Conveyor, now: float,
                   interval: float = HEARTBEAT_SECONDS) -> None:
     """Queue on ``pipe`` the two commands whose second reply :func:`read_members` takes:
-    drop the entries of workers that stopped beating, then list the others with their
-    last beat (for callers that batch this with other reads)."""
+    the number of entries, then those of workers still beating, with their last beat (for
+    callers that batch this with other reads). Only reads, so that a read-only user can
+    list workers: the live workers prune the entries of dead ones as they beat."""
     key = keyspace.workers_key(app.namespace)
     cutoff_ms = int((now - stale_after(interval)) * 1000)
-    pipe.zremrangebyscore(key, "-inf", cutoff_ms)
-    pipe.zrange(key, 0, -1, withscores=True)
+    pipe.zcard(key)
+    pipe.zrange(key, f"({cutoff_ms}", "+inf", byscore=True, withscores=True)
 
 
 def queue_records(pipe: Any, app: Conveyor, members: list[tuple[bytes, float]]) -> None:
