@@ -246,7 +246,7 @@ def test_the_cli_prints_rules_and_a_setuser_line_without_the_password(
     runner = CliRunner()
     out = runner.invoke(main, ["acl", "--role", "operator", "--namespace", "shop"])
     assert out.exit_code == 0, out.output
-    assert out.output.split() == acl.rules("operator", "shop")
+    assert out.output.splitlines() == acl.rules("operator", "shop")
     line = runner.invoke(main, ["acl", "--role", "producer", "--namespace", "shop",
                                 "--user", "shop-producer"])
     assert line.output.startswith("ACL SETUSER shop-producer reset on >PASSWORD ")

@@ -67,7 +67,7 @@ class Role:
     commands: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
     queue_keys: dict[str, str] = field(default_factory=dict)
-    registry: tuple[str, ...] = ()  # (permission, key pattern after "NAMESPACE:")
+    registry: tuple[tuple[str, str], ...] = ()  # (permission, pattern after "NAMESPACE:")
     selectors: tuple[tuple[tuple[str, ...], dict[str, str]], ...] = ()
 
 
