@@ -5,6 +5,7 @@ Each command group lives in its own module and registers itself on :data:`main` 
 
 from __future__ import annotations
 
+from . import acl as _acl  # noqa: F401
 from . import chaos as _chaos  # noqa: F401  (registers commands)
 from . import dashboard as _dashboard  # noqa: F401
 from . import demo as _demo  # noqa: F401

@@ -86,9 +86,14 @@ def live_supervisors(app: Conveyor, decisions: int = 5) -> list[SupervisorRecord
     key = keyspace.supervisors_key(app.namespace)
     now = server_now(app.redis)
     with app.redis.pipeline(transaction=False) as pipe:
-        pipe.zremrangebyscore(key, "-inf", int((now - HEARTBEAT_SECONDS * TTL_BEATS) * 1000))
-        pipe.zrange(key, 0, -1, withscores=True)
-        members: list[tuple[bytes, float]] = pipe.execute()[1]
+        cutoff_ms = int((now - HEARTBEAT_SECONDS * TTL_BEATS) * 1000)
+        pipe.zremrangebyscore(key, "-inf", cutoff_ms)
+        pipe.zrange(key, f"({cutoff_ms}", "+inf", byscore=True, withscores=True)
+        # The prune may be refused (a read-only ACL user): the read does not need it.
+        replies = pipe.execute(raise_on_error=False)
+    members: list[tuple[bytes, float]] = replies[1]
+    if isinstance(members, Exception):
+        raise members
     if not members:
         return []
     ns = app.namespace

@@ -221,19 +221,23 @@ def live_workers(app: Conveyor, interval: float = HEARTBEAT_SECONDS,
         now = server_now(app.redis)
     with app.redis.pipeline(transaction=False) as pipe:
         queue_members(pipe, app, now, interval)
-        members: list[tuple[bytes, float]] = pipe.execute()[1]
+        # The prune may be refused (a read-only ACL user): the read does not need it.
+        members: list[tuple[bytes, float]] = pipe.execute(raise_on_error=False)[1]
+    if isinstance(members, Exception):
+        raise members
     return read_members(app, members)
 
 
 def queue_members(pipe: Any, app: Conveyor, now: float,
                   interval: float = HEARTBEAT_SECONDS) -> None:
     """Queue on ``pipe`` the two commands whose second reply :func:`read_members` takes:
-    drop the entries of workers that stopped beating, then list the others with their
-    last beat (for callers that batch this with other reads)."""
+    drop the entries of workers that stopped beating, then list those still beating with
+    their last beat (for callers that batch this with other reads). The list does not
+    depend on the prune, which a read-only user is refused."""
     key = keyspace.workers_key(app.namespace)
     cutoff_ms = int((now - stale_after(interval)) * 1000)
     pipe.zremrangebyscore(key, "-inf", cutoff_ms)
-    pipe.zrange(key, 0, -1, withscores=True)
+    pipe.zrange(key, f"({cutoff_ms}", "+inf", byscore=True, withscores=True)
 
 
 def queue_records(pipe: Any, app: Conveyor, members: list[tuple[bytes, float]]) -> None:
