@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import click
 import pytest
+from click.testing import CliRunner
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 
@@ -21,6 +25,8 @@ with warnings.catch_warnings():  # starlette nudges towards httpx2; httpx is wha
 
 import conveyor
 from conveyor import testing
+from conveyor.cli import main
+from conveyor.cli.dashboard import read_users_file
 from conveyor.web import create_app
 from conveyor.web.actions import Actions
 from conveyor.web.filters import segment
@@ -344,3 +350,48 @@ def test_a_bad_users_mapping_is_refused_at_construction(app: conveyor.Conveyor, 
         create_app(app, users=users)
     for word in words:
         assert word in str(caught.value)
+
+
+# -- the CLI's users file ----------------------------------------------------------------
+
+
+def test_cli_users_file_json_and_toml(app: conveyor.Conveyor, tmp_path: Path) -> None:
+    as_json = tmp_path / "users.json"
+    as_json.write_text(json.dumps({"ann": {"password": "a", "role": "admin"},
+                                   "lim": {"password": "l", "role": "operator",
+                                           "queues": ["mail"]}}))
+    as_json.chmod(0o600)
+    users = read_users_file(as_json)
+    assert users == {"ann": ("a", "admin"), "lim": ("l", "operator", ["mail"])}
+    web = create_app(app, users=users)
+    with TestClient(web) as client:
+        assert client.get("/", auth=("lim", "l")).status_code == 200
+    as_toml = tmp_path / "users.toml"
+    as_toml.write_text('[rob]\npassword = "r"\nrole = "readonly"\n')
+    as_toml.chmod(0o600)
+    assert read_users_file(as_toml) == {"rob": ("r", "readonly")}
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('{"ann": {"password": "a", "role": "root"}}', "unknown role 'root'"),
+    ('{"ann": {"password": "a", "role": "admin", "pw": "x"}}', "user 'ann' must be"),
+    ('{"ann": {"role": "admin"}}', "user 'ann': the password"),
+    ('["ann"]', "expected an object"),
+    ("{nope", "cannot read users file"),
+])
+def test_cli_refuses_a_bad_users_file(app: conveyor.Conveyor, tmp_path: Path, text: str,
+                                      says: str) -> None:
+    path = tmp_path / "users.json"
+    path.write_text(text)
+    path.chmod(0o600)
+    result = CliRunner().invoke(main, ["dashboard", "--url", app.url, "--users-file",
+                                       str(path)])
+    assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_cli_warns_of_a_users_file_others_may_read(tmp_path: Path) -> None:
+    path = tmp_path / "users.json"
+    path.write_text('{"ann": {"password": "a", "role": "admin"}}')
+    path.chmod(0o644)
+    result = CliRunner().invoke(click.Command("read", callback=lambda: read_users_file(path)))
+    assert result.exit_code == 0 and "others may read it" in result.output
