@@ -28,7 +28,7 @@ from .base import app_options, load_app, main
               help="Require HTTP basic auth with this user name (with --password).")
 @click.option("--password", envvar="CONVEYOR_DASHBOARD_PASSWORD",
               help="Password for --user.")
-@click.option("--users-file", "users_file", envvar="CONVEYOR_DASHBOARD_USERS_FILE",
+@click.option("--users-file", "users_file",
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Users with roles, from a JSON file (TOML when its name ends in .toml): each "
                    "user name maps to its password, role (readonly, operator or admin) and, "
