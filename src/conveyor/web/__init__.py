@@ -12,7 +12,8 @@ cancel button), ``/workers`` the worker registry with the supervisors and their
 latest decisions, ``/schedules`` periodic jobs.
 Actions are forms that POST to ``/actions/<name>`` (``requeue``, ``purge``, ``cancel``,
 ``pause``, ``resume``, ``cancel_workflow``, ``limits``, ``signal``) with a CSRF token; see
-:mod:`conveyor.web.security`.
+:mod:`conveyor.web.security`. Which user may post which action, on which queues, is the
+table of :mod:`conveyor.web.roles`; pages show only the forms their user may post.
 
 JSON API (GET only; nothing under ``/api`` changes state; times are epoch seconds from
 the Redis server's clock, durations seconds, rates per second; a figure that cannot be
@@ -78,6 +79,7 @@ to check), and pages show the same in a banner.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,7 +90,8 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from . import filters
+from . import filters, roles
+from .actions import Actions
 from .api import Api
 from .outage import CAUGHT, Outage
 from .pages import Pages
@@ -108,24 +111,47 @@ def create_app(
     token: str | None = None,
     username: str | None = None,
     password: str | None = None,
+    users: Mapping[str, tuple[str, str] | tuple[str, str, Sequence[str]]] | None = None,
     secret: bytes | None = None,
     cache_seconds: float = 1.0,
 ) -> Starlette:
     """The dashboard of ``app`` as an ASGI application.
 
+    With none of ``token``, ``username`` and ``users``, the dashboard is open: whoever
+    reaches it is an admin. ``token`` and ``username``/``password`` also let in an admin
+    over every queue; ``users`` lets in users by HTTP basic authentication, each with its
+    role. They combine: a request is let in by any of them. ::
+
+        create_app(app, users={"ann": ("secret", "admin"), "bob": ("pw", "readonly"),
+                               "cy": ("pw2", "operator", ["emails"])})
+
+    Roles: ``readonly`` (pages and API), ``operator`` (also requeue, cancel a job or a
+    workflow, pause, resume, signal), ``admin`` (also purge, set limits). A role given
+    queues may act only on those; it still reads every queue. See
+    :mod:`conveyor.web.roles`.
+
     :param app: the conveyor application to show (its Redis, queues and tasks)
-    :param token: when set, every request must present it (bearer header, or a cookie set
-        by opening a page once with ``?token=...``)
-    :param username: with ``password``, HTTP basic-auth credentials every request needs
+    :param token: when set, a request presenting it (bearer header, or a cookie set by
+        opening a page once with ``?token=...``) is an admin
+    :param username: with ``password``, HTTP basic-auth credentials of an admin
     :param password: see ``username``
+    :param users: user name -> ``(password, role)`` or ``(password, role, queues)``, users
+        of HTTP basic authentication
     :param secret: key of the CSRF tokens; random per process when None
     :param cache_seconds: how long an answer of a polled JSON endpoint (overview, tasks,
         workers, a queue and its series) is shared by every client asking the same, so
         that many open dashboards cost Redis what one costs (0: never shared)
+    :raises ValueError: ``username`` without ``password`` (or the reverse); an entry of
+        ``users`` with an unknown role, an empty password, a bad shape or bad queues (the
+        message names the user); a user named as ``username``;
+        an empty ``users``
     """
     if (username is None) != (password is None):
         raise ValueError("give both username and password for basic authentication, or neither")
     basic = (username, password) if username is not None and password is not None else None
+    accounts = roles.accounts(users) if users is not None else {}
+    if basic is not None and basic[0] in accounts:
+        raise ValueError(f"user {basic[0]!r} is given both as username and in users")
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,  # every value rendered as text, whatever it holds
@@ -133,12 +159,15 @@ def create_app(
     )
     filters.install(env)
     templates = Jinja2Templates(env=env)
+    csrf = Csrf(secret)
     routes = [
-        *Pages(app, templates, Csrf(secret)).routes(),
+        *Pages(app, templates, csrf).routes(),
+        *Actions(app, csrf).routes(),
         *Api(app, cache_seconds).routes(),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    middleware = [Middleware(SecurityMiddleware, credentials=Credentials(token, basic))]
+    credentials = Credentials(token, basic, accounts)
+    middleware = [Middleware(SecurityMiddleware, credentials=credentials)]
     outage = Outage(app, templates)
     return Starlette(routes=routes, middleware=middleware,
                      exception_handlers={kind: outage for kind in CAUGHT})

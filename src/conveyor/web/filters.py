@@ -9,6 +9,8 @@ from urllib.parse import quote
 import jinja2
 import msgspec
 
+from ..keys import split_job_id
+
 
 def when(ts: float | None) -> str:
     """Epoch seconds as a UTC time; "-" for none."""
@@ -52,6 +54,14 @@ def pretty(value: Any) -> str:
         return repr(value)
 
 
+def queue_of(job_id: str) -> str:
+    """The queue a job (or workflow) id names; empty when it names none."""
+    try:
+        return split_job_id(job_id)[0]
+    except ValueError:
+        return ""
+
+
 def install(env: jinja2.Environment) -> None:
     env.filters.update(when=when, duration=duration, seg=segment, pretty=pretty,
-                       figure=figure)
+                       figure=figure, queue_of=queue_of)

@@ -1,28 +1,26 @@
-"""HTML pages and the actions their forms post.
+"""HTML pages.
 
 Pages render a frame server-side (escaped by Jinja's autoescape) and fill live figures
-from the JSON API with ``textContent`` only. Actions are POST-only, CSRF-checked, and
-report back through a redirect that names the outcome from a fixed list of messages.
+from the JSON API with ``textContent`` only. The forms they show post to
+:mod:`conveyor.web.actions`; a page shows only the forms its user's role allows
+(``can(action, queue)`` in every template).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import urlencode
 
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 from ..clock import server_now
-from ..errors import ConfigurationError, JobNotFound
+from ..errors import JobNotFound
 from . import queries
 from .api import PAGE_SIZE, WINDOWS, int_param, window_of
-from .security import Csrf
+from .security import Csrf, user_of
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -45,30 +43,7 @@ NOTICES = {
     "bad-limits": ("warn", "Those limits are not valid (a cap is a whole number >= 0, a rate"
                    " is like 200/s, 50/m or 10): nothing was changed."),
 }
-LIMIT_FIELDS = ("concurrency", "rate", "tenant_concurrency", "tenant_rate")
 REPORT_PARAMS = ("done", "n")
-MAX_FORM_BYTES = 16_384
-
-
-def local_path(value: str | None, fallback: str) -> str:
-    """``value`` when it is a path on this site (no scheme, no host), else ``fallback``."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
-        return fallback
-    return value
-
-
-async def read_form(request: Request) -> dict[str, str]:
-    """The fields of a small url-encoded form (the only kind the pages post).
-
-    Parsed here with the standard library: multipart parsing is not needed for a few
-    hidden fields.
-    """
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM_BYTES:
-            return {}
-    return dict(parse_qsl(body.decode("utf-8", errors="replace"), max_num_fields=20))
 
 
 def latest_decisions(supervisors: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -96,9 +71,6 @@ class Pages:
             Route("/workflows/{workflow_id:path}", self.workflow, name="workflow"),
             Route("/workers", self.workers, name="workers"),
             Route("/schedules", self.schedules, name="schedules"),
-            Route("/actions/limits", self.limits_action, methods=["POST"], name="limits"),
-            Route("/actions/signal", self.signal_action, methods=["POST"], name="signal"),
-            Route("/actions/{action}", self.action, methods=["POST"], name="action"),
         ]
 
     # -- rendering -------------------------------------------------------------------------
@@ -106,6 +78,7 @@ class Pages:
     def render(self, request: Request, name: str, page: str, status_code: int = 200,
                **context: Any) -> Response:
         token, fresh_nonce = self.csrf.token(request)
+        user = user_of(request)
         params = [(k, v) for k, v in request.query_params.multi_items()
                   if k not in REPORT_PARAMS]
         here = request.scope.get("root_path", "") + request.url.path
@@ -114,7 +87,8 @@ class Pages:
         response = self.templates.TemplateResponse(
             request, name, {"page": page, "base": request.scope.get("root_path", ""),
                             "csrf": token, "here": here, "namespace": self.app.namespace,
-                            "notice": self._notice(request), **context},
+                            "notice": self._notice(request), "user": user, "can": user.can,
+                            **context},
             status_code=status_code)
         if fresh_nonce is not None:
             self.csrf.set_cookie(request, response, fresh_nonce)
@@ -197,123 +171,3 @@ class Pages:
     def schedules(self, request: Request) -> Response:
         rows = queries.schedules(self.app, server_now(self.app.redis))
         return self.render(request, "schedules.html", "schedules", rows=rows)
-
-    # -- actions ---------------------------------------------------------------------------
-
-    async def action(self, request: Request) -> Response:
-        form = await read_form(request)
-        why = self.csrf.refusal(request, form.get("csrf"))
-        if why is not None:
-            return PlainTextResponse(f"refused: {why}", status_code=403)
-        handler = self._actions().get(request.path_params["action"])
-        if handler is None:
-            return PlainTextResponse("unknown action", status_code=404)
-        queue, job_id = form.get("queue", ""), form.get("job_id", "")
-        base = request.scope.get("root_path", "")
-        target = local_path(form.get("next"), base + "/")
-        try:
-            done, n = await run_in_threadpool(handler, queue, job_id)
-        except (ValueError, JobNotFound):
-            done, n = "bad-request", 0
-        separator = "&" if "?" in target else "?"
-        return RedirectResponse(f"{target}{separator}{urlencode({'done': done, 'n': n})}",
-                                status_code=303)
-
-    async def limits_action(self, request: Request) -> Response:
-        """Set a queue's limits from the form on its page (an empty field removes that
-        limit); with a tenant, that tenant's own concurrency and rate."""
-        form = await read_form(request)
-        why = self.csrf.refusal(request, form.get("csrf"))
-        if why is not None:
-            return PlainTextResponse(f"refused: {why}", status_code=403)
-        base = request.scope.get("root_path", "")
-        target = local_path(form.get("next"), base + "/")
-        try:
-            await run_in_threadpool(self._set_limits, form)
-            done = "limits-set"
-        except ConfigurationError:
-            done = "bad-limits"
-        except ValueError:
-            done = "bad-request"
-        separator = "&" if "?" in target else "?"
-        return RedirectResponse(f"{target}{separator}{urlencode({'done': done, 'n': 1})}",
-                                status_code=303)
-
-    async def signal_action(self, request: Request) -> Response:
-        """Send a signal to a job (durable waits) from the form on its page."""
-        form = await read_form(request)
-        why = self.csrf.refusal(request, form.get("csrf"))
-        if why is not None:
-            return PlainTextResponse(f"refused: {why}", status_code=403)
-        base = request.scope.get("root_path", "")
-        target = local_path(form.get("next"), base + "/")
-        try:
-            raw = form.get("data", "").strip()
-            payload = json.loads(raw) if raw else None
-            sent = await run_in_threadpool(self.app.signal, form.get("job_id", ""),
-                                           form.get("name", "").strip(), payload)
-            done = "signalled" if sent else "not-signalled"
-        except ValueError:  # no JSON, no name, no job id
-            done = "bad-signal"
-        separator = "&" if "?" in target else "?"
-        return RedirectResponse(f"{target}{separator}{urlencode({'done': done, 'n': 1})}",
-                                status_code=303)
-
-    def _set_limits(self, form: dict[str, str]) -> None:
-        queue = form.get("queue", "")
-        if not queue:
-            raise ValueError("missing queue")
-        values: dict[str, Any] = {}
-        for name in LIMIT_FIELDS:
-            raw = form.get(name, "").strip()
-            values[name] = None if not raw else _limit_value(name, raw)
-        q, tenant = self.app.queue(queue), form.get("tenant", "").strip()
-        if tenant:
-            q.set_tenant_limits(tenant, concurrency=values["concurrency"], rate=values["rate"])
-        else:
-            q.set_limits(**values)
-
-    def _actions(self) -> dict[str, Callable[[str, str], tuple[str, int]]]:
-        app = self.app
-
-        def need(value: str) -> str:
-            if not value:
-                raise ValueError("missing")
-            return value
-
-        def requeue(queue: str, job_id: str) -> tuple[str, int]:
-            return "requeued", app.dead_letters(need(queue)).requeue(job_id or None)
-
-        def purge(queue: str, job_id: str) -> tuple[str, int]:
-            return "purged", app.dead_letters(need(queue)).purge()
-
-        def cancel(queue: str, job_id: str) -> tuple[str, int]:
-            done = app.job(need(job_id)).cancel()
-            return ("cancelled" if done else "not-cancelled"), int(done)
-
-        def cancel_workflow(queue: str, job_id: str) -> tuple[str, int]:
-            return "workflow-cancelled", app.workflow_handle(need(job_id)).cancel()
-
-        def pause(queue: str, job_id: str) -> tuple[str, int]:
-            app.pause(need(queue))
-            return "paused", 1
-
-        def resume(queue: str, job_id: str) -> tuple[str, int]:
-            app.resume(need(queue))
-            return "resumed", 1
-
-        return {"requeue": requeue, "purge": purge, "cancel": cancel, "pause": pause,
-                "resume": resume, "cancel_workflow": cancel_workflow}
-
-
-def _limit_value(name: str, raw: str) -> Any:
-    """A form field's text as the value ``Queue.set_limits`` takes."""
-    if "rate" in name:
-        try:
-            return float(raw)
-        except ValueError:
-            return raw  # "200/s": parsed (and checked) by the queue handle
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigurationError(f"{name} must be a whole number, got {raw!r}") from None

@@ -2,7 +2,9 @@
 
 - **Authentication** (optional): a bearer token (``Authorization: Bearer <token>``, or a
   cookie set by opening any page once with ``?token=<token>``) and/or basic-auth
-  credentials. Secrets are compared in constant time.
+  credentials, one admin or several users with roles (:mod:`conveyor.web.roles`).
+  Secrets are compared in constant time. The request's :class:`~conveyor.web.roles.User`
+  is left in ``scope["conveyor.user"]`` for the actions to check.
 - **CSRF**: a state-changing request must be a POST whose form carries ``csrf``, an HMAC
   of a random nonce kept in a same-site, HTTP-only cookie; and its ``Origin`` (or, when a
   browser sends none, its ``Referer``) must name this host.
@@ -17,8 +19,8 @@ import binascii
 import hashlib
 import hmac
 import secrets
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from starlette.datastructures import URL, MutableHeaders
@@ -26,7 +28,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .roles import ADMIN, NOBODY, Account, User
+
 CSRF_COOKIE = "conveyor_csrf"
+USER_SCOPE_KEY = "conveyor.user"  # where the middleware leaves the request's User
 TOKEN_COOKIE = "conveyor_token"
 HEADERS = {
     "content-security-policy": (
@@ -47,37 +52,57 @@ def same(a: str, b: str) -> bool:
 
 @dataclass(frozen=True)
 class Credentials:
-    """What a request must present; both None means the dashboard is open.
+    """What a request must present; nothing set means the dashboard is open (to admins).
 
-    :param token: bearer token
-    :param basic: ``(username, password)`` for HTTP basic authentication
+    :param token: bearer token; whoever presents it is an admin over every queue
+    :param basic: ``(username, password)`` for HTTP basic authentication, an admin too
+    :param accounts: users of HTTP basic authentication, each with its role
     """
 
     token: str | None = None
     basic: tuple[str, str] | None = None
+    accounts: Mapping[str, Account] = field(default_factory=dict)
 
     @property
     def required(self) -> bool:
-        return self.token is not None or self.basic is not None
+        return self.token is not None or self.basic is not None or bool(self.accounts)
 
-    def accepts(self, request: Request) -> bool:
+    @property
+    def asks_basic(self) -> bool:
+        return self.basic is not None or bool(self.accounts)
+
+    def identify(self, request: Request) -> User | None:
+        """The user this request authenticates as, or None when it does not."""
+        if not self.required:
+            return ADMIN
         header = request.headers.get("authorization", "")
         scheme, _, value = header.partition(" ")
         if self.token is not None:
             if scheme.lower() == "bearer" and same(value.strip(), self.token):
-                return True
+                return ADMIN
             if same(request.cookies.get(TOKEN_COOKIE, ""), self.token):
-                return True
-        if self.basic is not None and scheme.lower() == "basic":
+                return ADMIN
+        if self.asks_basic and scheme.lower() == "basic":
             try:
-                user, _, password = base64.b64decode(value).decode().partition(":")
+                name, _, password = base64.b64decode(value).decode().partition(":")
             except (binascii.Error, UnicodeDecodeError):
-                return False
-            # Both compared, always, so timing tells nothing about which one was wrong.
-            ok_user = same(user, self.basic[0])
-            ok_password = same(password, self.basic[1])
-            return ok_user and ok_password
-        return False
+                return None
+            return self._basic_user(name, password)
+        return None
+
+    def _basic_user(self, name: str, password: str) -> User | None:
+        # Every account compared, names and passwords, always: how long this takes tells
+        # nothing about which user exists or which half was wrong.
+        found = None
+        if self.basic is not None:
+            ok_name, ok_password = same(name, self.basic[0]), same(password, self.basic[1])
+            if ok_name and ok_password:
+                found = User(self.basic[0], "admin")
+        for account_name, account in self.accounts.items():
+            ok_name, ok_password = same(name, account_name), same(password, account.password)
+            if ok_name and ok_password:
+                found = account.user
+        return found
 
 
 class SecurityMiddleware:
@@ -91,16 +116,16 @@ class SecurityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = self._check(Request(scope))
-        if refusal is not None:
-            await refusal(scope, receive, self._with_headers(send))
+        request = Request(scope)
+        user = self.credentials.identify(request)
+        if user is None:
+            await self._refusal(request)(scope, receive, self._with_headers(send))
             return
+        scope[USER_SCOPE_KEY] = user
         await self.app(scope, receive, self._with_headers(send))
 
-    def _check(self, request: Request) -> Response | None:
+    def _refusal(self, request: Request) -> Response:
         creds = self.credentials
-        if not creds.required or creds.accepts(request):
-            return None
         offered = request.query_params.get("token")
         if creds.token is not None and offered is not None and same(offered, creds.token):
             # Trade the token in the URL for a cookie, and drop it from the address bar.
@@ -109,7 +134,7 @@ class SecurityMiddleware:
             response.set_cookie(TOKEN_COOKIE, creds.token, httponly=True, samesite="strict",
                                 path=request.scope.get("root_path") or "/")
             return response
-        headers = {"www-authenticate": 'Basic realm="conveyor"'} if creds.basic else {}
+        headers = {"www-authenticate": 'Basic realm="conveyor"'} if creds.asks_basic else {}
         return PlainTextResponse("authentication required", status_code=401, headers=headers)
 
     @staticmethod
@@ -162,3 +187,9 @@ class Csrf:
         if not nonce or not form_token or not same(form_token, self._sign(nonce)):
             return "missing or invalid CSRF token"
         return None
+
+
+def user_of(request: Request) -> User:
+    """The user the middleware authenticated (read-only when it left none: deny by default)."""
+    user = request.scope.get(USER_SCOPE_KEY)
+    return user if isinstance(user, User) else NOBODY
