@@ -26,7 +26,6 @@ from conveyor.redaction import REDACTED
 from conveyor.reseal import reseal
 from conveyor.sink import DEFAULT_TABLE, Sink, stream_events
 from conveyor.testing import inline
-
 from helpers import RedisServer, env_with_src, record_field, running_worker, wait_until
 
 K1, K2 = os.urandom(32), os.urandom(32)
@@ -306,7 +305,7 @@ def test_configuration_errors_name_what_is_wrong(server: RedisServer, ns: str) -
     with pytest.raises(conveyor.ConfigurationError, match="not one of the keys"):
         conveyor.Encryption(keys={"k1": K1}, current="k9")
     app = _app(server.url, ns, None)
-    with pytest.raises(conveyor.ConfigurationError, match="encrypt=True.*no encryption keys"):
+    with pytest.raises(conveyor.ConfigurationError, match=r"encrypt=True.*no encryption keys"):
         app.tasks["charge"].enqueue(SECRET, 1)
     assert app.redis.keys(f"*{ns}*") == []  # nothing stored
     with pytest.raises(conveyor.ConfigurationError, match="not parameters"):

@@ -3,7 +3,8 @@ import conveyor
 EXPECTED = [
     "Advice", "Backlog", "Batch", "BatchItem", "Codec", "ConfigurationError", "Conveyor",
     "ConveyorError",
-    "DeadLetters", "EncodingError", "Encryption", "Fail", "Job", "JobCancelled", "JobContext", "JobFailed",
+    "DeadLetters", "EncodingError", "Encryption", "Fail", "Job", "JobCancelled", "JobContext",
+    "JobFailed",
     "JobInfo", "JobNotFound", "JobOptions", "JobState", "LeaseLost", "Limits", "Monitor",
     "Node", "NotReplicated", "PartialEnqueue", "PayloadTooLarge", "Queue", "QueueLimits",
     "ResultTimeout", "SerializationError", "Snooze", "Stats", "Task", "TaskActivity",
