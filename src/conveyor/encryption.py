@@ -60,7 +60,7 @@ def is_sealed(data: bytes | None) -> bool:
     return data is not None and data[:4] == MAGIC
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Unwrapped:
     """The parts of a sealed payload's header (nothing decrypted)."""
 
@@ -87,10 +87,6 @@ def unwrap(data: bytes) -> Unwrapped:
     if len(data) < end + _NONCE + _TAG:
         raise Unsealable("sealed payload cut short")
     return Unwrapped(key_id, bound, data[end:end + _NONCE], data[end + _NONCE:])
-
-
-def _aad(bound: str, task: str, part: str) -> bytes:
-    return f"{bound}\x00{task}\x00{part}".encode()
 
 
 class Encryption:
@@ -127,6 +123,7 @@ class Encryption:
         if mac_key is not None and (not isinstance(mac_key, bytes) or len(mac_key) < 16):
             raise ConfigurationError("mac_key must be at least 16 bytes")
         self.current = current
+        self._cipher = self._ciphers[current]
         self._head = MAGIC + _short(current)
         self._mac_key = mac_key if mac_key is not None else hashlib.sha256(
             b"conveyor dedupe key\x00" + keys[current]).digest()
@@ -142,8 +139,12 @@ class Encryption:
         """``plain`` sealed under the current key for the job ``bound`` (its public id, or
         ``key:<hmac>``), task ``task`` and ``part`` (``args``, ``result``, ``step:NAME``)."""
         nonce = os.urandom(_NONCE)
-        body = self._ciphers[self.current].encrypt(nonce, plain, _aad(bound, task, part))
-        return self._head + _short(bound) + nonce + body
+        bound_raw = bound.encode()
+        if len(bound_raw) > 255:
+            raise ValueError(f"too long to bind a sealed payload to: {bound[:40]!r}...")
+        body = self._cipher.encrypt(nonce, plain, b"%b\x00%b\x00%b" % (
+            bound_raw, task.encode(), part.encode()))
+        return b"".join((self._head, bytes((len(bound_raw),)), bound_raw, nonce, body))
 
     def open(self, sealed: bytes, task: str, part: str, job_id: str | None = None) -> bytes:
         """The plain payload of ``sealed``, read for the job ``job_id`` (None: the job it
@@ -157,11 +158,11 @@ class Encryption:
         if cipher is None:
             raise Unsealable(f"sealed with encryption key {w.key_id!r}, which this process"
                              f" does not have (it has {', '.join(self.key_ids)})")
-        if job_id is not None and w.bound != job_id and not w.bound.startswith("key:"):
+        if job_id is not None and w.bound != job_id and w.bound[:4] != "key:":
             raise Unsealable(f"sealed for job {w.bound!r}, not {job_id!r}: moved from another"
                              " job")
         try:
-            return cipher.decrypt(w.nonce, w.body, _aad(w.bound, task, part))
+            return cipher.decrypt(w.nonce, w.body, f"{w.bound}\x00{task}\x00{part}".encode())
         except InvalidTag:
             raise Unsealable(f"sealed payload does not open with key {w.key_id!r}: altered,"
                              f" or sealed for another task or part than {task!r} {part}"

@@ -22,6 +22,9 @@ instead of ``start`` when its lease was granted past the time its job had to sta
 The batch task takes up to 20 jobs per call (``Batch``) on the side queue, beside the plain
 side jobs; each item notes its own ``start`` and ``ok`` under its job id.
 
+The work tasks (``chaos.work`` and ``chaos.side``) are encrypted (``encrypt=True``, with a
+key made from the run's namespace): every fault meets sealed arguments and results.
+
 The poison tasks misbehave on purpose: one raises, one SIGKILLs its own process, one leaves
 it with ``os._exit``, one sleeps far past its timeout. Each must end dead with a reason,
 after its attempts, without holding up anything else.
@@ -29,6 +32,7 @@ after its attempts, without holding up anything else.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import time
@@ -41,6 +45,7 @@ import redis
 from ..app import Conveyor
 from ..batch import Batch, BatchItem
 from ..context import current_job
+from ..encryption import Encryption
 from ..task import Task
 from ..waits import Suspended
 
@@ -97,13 +102,20 @@ class ChaosTasks:
     """
 
     def __init__(self, url: str, namespace: str, ledger_url: str) -> None:
-        self.app = Conveyor(url, namespace=namespace)
+        # The run's key, the same in every process of the run (made from its namespace).
+        key = hashlib.sha256(b"conveyor chaos\x00" + namespace.encode()).digest()
+        self.app = Conveyor(url, namespace=namespace,
+                            encryption=Encryption(keys={"chaos": key}, current="chaos"))
         self.ledger = redis.Redis.from_url(ledger_url, socket_timeout=30)
         task = self.app.task
+        # The work and its side jobs are encrypted: their arguments and results are sealed
+        # through every fault, and a wait job opens its child's sealed result.
         self.work = task(name="chaos.work", queue=QUEUE, retries=WORK_RETRIES,
-                         backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._work)
+                         backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT,
+                         encrypt=True)(self._work)
         self.side = task(name="chaos.side", queue=SIDE_QUEUE, retries=WORK_RETRIES,
-                         backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._work)
+                         backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT,
+                         encrypt=True)(self._work)
         self.expiring = task(name="chaos.expiring", queue=QUEUE, retries=WORK_RETRIES,
                              backoff=RETRY_BACKOFF, visibility_timeout=WORK_VT)(self._expiring)
         self.batched = task(name="chaos.batch", queue=SIDE_QUEUE, retries=WORK_RETRIES,

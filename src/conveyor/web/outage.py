@@ -17,6 +17,7 @@ from starlette.templating import Jinja2Templates
 
 from ..unreachable import describe, is_expected
 from .api import json_response
+from .security import user_of
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -41,8 +42,10 @@ class Outage:
         if request.url.path.startswith("/api/"):
             return json_response({"error": "redis unavailable", "detail": detail},
                                  UNAVAILABLE)
+        user = user_of(request)  # the header names who is signed in, on this page too
         return self.templates.TemplateResponse(
             request, "outage.html",
             {"page": "outage", "base": base, "csrf": "", "here": base + request.url.path,
-             "namespace": self.app.namespace, "notice": None, "outage": detail},
+             "namespace": self.app.namespace, "notice": None, "outage": detail,
+             "user": user, "can": user.can},
             status_code=UNAVAILABLE)
