@@ -153,20 +153,41 @@ class Encryption:
         :raises Unsealable: a mangled payload, a key this process does not have, or a
             payload that does not open (altered, or sealed for another job, task or part)
         """
+        head = self._head
+        if sealed[:len(head)] == head:  # the current key: the common case, parsed inline
+            at = len(head)
+            end = at + 1 + sealed[at] if len(sealed) > at else 0
+            if end and len(sealed) >= end + _NONCE + _TAG:
+                bound = sealed[at + 1:end]
+                if job_id is not None and bound[:4] != b"key:" and bound != job_id.encode():
+                    raise self._moved(bound.decode(errors="replace"), job_id)
+                try:
+                    return self._cipher.decrypt(sealed[end:end + _NONCE],
+                                                sealed[end + _NONCE:],
+                                                b"%b\x00%b\x00%b" % (bound, task.encode(),
+                                                                      part.encode()))
+                except InvalidTag:
+                    raise self._unopened(self.current, task, part) from None
         w = unwrap(sealed)
         cipher = self._ciphers.get(w.key_id)
         if cipher is None:
             raise Unsealable(f"sealed with encryption key {w.key_id!r}, which this process"
                              f" does not have (it has {', '.join(self.key_ids)})")
         if job_id is not None and w.bound != job_id and w.bound[:4] != "key:":
-            raise Unsealable(f"sealed for job {w.bound!r}, not {job_id!r}: moved from another"
-                             " job")
+            raise self._moved(w.bound, job_id)
         try:
             return cipher.decrypt(w.nonce, w.body, f"{w.bound}\x00{task}\x00{part}".encode())
         except InvalidTag:
-            raise Unsealable(f"sealed payload does not open with key {w.key_id!r}: altered,"
-                             f" or sealed for another task or part than {task!r} {part}"
-                             ) from None
+            raise self._unopened(w.key_id, task, part) from None
+
+    @staticmethod
+    def _moved(bound: str, job_id: str) -> Unsealable:
+        return Unsealable(f"sealed for job {bound!r}, not {job_id!r}: moved from another job")
+
+    @staticmethod
+    def _unopened(key_id: str, task: str, part: str) -> Unsealable:
+        return Unsealable(f"sealed payload does not open with key {key_id!r}: altered, or"
+                          f" sealed for another task or part than {task!r} {part}")
 
     def reseal(self, sealed: bytes, task: str, part: str) -> bytes | None:
         """``sealed`` sealed again under the current key (for the same job, task and part);

@@ -21,7 +21,7 @@ from .. import hooks
 from .. import keys as keyspace
 from ..clock import ServerClock
 from ..context import JobContext, enter, leave
-from ..encryption import Unsealable, open_payload, seal_result
+from ..encryption import MAGIC, Unsealable, open_payload, seal_result
 from ..errors import Fail, LeaseLost, Snooze
 from ..hints import ArgumentMismatch, convert_arguments
 from ..scripts.calls import Leased, Outcome
@@ -142,11 +142,13 @@ class Executor:
         task = self.app.tasks.get(leased.task)
         if task is None:
             return self._dead(held, f"unknown task {leased.task!r}")
-        try:
-            held.opened = open_payload(self.app.encryption, leased.args, leased.task, "args",
-                                       keyspace.job_id(held.queue, leased.short_id))
-        except Unsealable as exc:  # no key for it here, or it was altered or moved
-            return self._dead(held, f"arguments cannot be opened: {exc}")
+        held.opened = leased.args
+        if leased.args[:4] == MAGIC:  # sealed (an encrypted task's): opened for this job
+            try:
+                held.opened = open_payload(self.app.encryption, leased.args, leased.task,
+                                           "args", keyspace.job_id(held.queue, leased.short_id))
+            except Unsealable as exc:  # no key for it here, or it was altered or moved
+                return self._dead(held, f"arguments cannot be opened: {exc}")
         try:
             args, kwargs = self.app.codec.decode_args(held.opened)
         except Exception as exc:  # EncodingError, or RecursionError from deep nesting
