@@ -18,14 +18,15 @@ CONVEYOR=${CONVEYOR:-.venv/bin/conveyor}
 ENGINES="redis-7.2.6:redis-server valkey-8.0.1:valkey-server"
 # The core: each script through its wrapper, what enqueue stores, workers end to end
 # (leases, retries, hand-offs, cancel), workflows, the 3,999-argument limit (also through
-# a proxy that refuses longer commands), the doctor, the engine contract. About a minute
+# a proxy that refuses longer commands), the doctor, the engine contract, each role's
+# ACL rules (allowed and refused), encrypted tasks. About a minute
 # an engine on two cores.
 CORE_TESTS="tests/test_scripts.py tests/test_flow_scripts.py tests/test_wait_scripts.py
   tests/test_records_and_tokens.py tests/test_api.py tests/test_scheduling.py
   tests/test_batches.py tests/test_retry_policy.py tests/test_worker_runs.py
   tests/test_running_jobs.py tests/test_handoff.py tests/test_workflow.py
   tests/test_argument_limit.py tests/test_argument_limit_proxy.py tests/test_doctor.py
-  tests/test_engines.py"
+  tests/test_engines.py tests/test_acl.py tests/test_encryption.py"
 
 sources=""
 for folder in ${CONVEYOR_ENGINE_SOURCES:-../shared/engines /work/shared/engines}; do

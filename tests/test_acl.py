@@ -62,8 +62,10 @@ def users(make_server: type[RedisServer]) -> Iterator[Users]:
 
 
 # A command refused inside a script: Redis 7.0 words it without the NOPERM prefix that a
-# refused command sent by the client has (NoPermissionError in redis-py).
-REFUSED_IN_SCRIPT = ("The user executing the script can't", "NOPERM")
+# refused command sent by the client has (NoPermissionError in redis-py); Redis 7.2 and
+# Valkey 8 say "ACL failure in script: No permissions to access a key" (or a command).
+REFUSED_IN_SCRIPT = ("The user executing the script can't", "NOPERM",
+                     "ACL failure in script: No permissions")
 
 
 def refused(action: Callable[[], Any]) -> str:
