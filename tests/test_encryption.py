@@ -313,3 +313,39 @@ def test_configuration_errors_name_what_is_wrong(server: RedisServer, ns: str) -
         def f(a: int) -> None: ...
     assert "K1" not in repr(conveyor.Encryption(keys={"k1": K1}, current="k1"))
     app.close()
+
+
+def test_reseal_reaches_a_suspended_parents_copy_of_its_childs_result(server: RedisServer,
+                                                                       ns: str) -> None:
+    def build(keys: dict[str, bytes], current: str) -> conveyor.Conveyor:
+        app = _app(server.url, ns, keys, current)
+
+        @app.task(name="kid", queue="kids", encrypt=True)
+        def kid(user: str) -> str:
+            return f"{SECRET}:{user}"
+
+        @app.task(name="parent", queue="pay", encrypt=True)
+        def parent(user: str) -> str:
+            ctx = conveyor.current_job()
+            assert ctx is not None
+            return "got " + ctx.child("kid", kid, user)
+
+        return app
+
+    old, both, new = build({"k1": K1}, "k1"), build({"k1": K1, "k2": K2}, "k2"), \
+        build({"k2": K2}, "k2")
+    job = old.tasks["parent"].enqueue("ann")
+    with running_worker(old, queues=["pay"]):  # runs until it suspends on its child
+        wait_until(lambda: job.info().state == conveyor.JobState.SUSPENDED, 10)
+    with running_worker(old, queues=["kids"]):  # the child ends: its result is copied
+        wait_until(lambda: job.info().state == conveyor.JobState.READY, 10)
+    held = record_field(old, job.id, "w:kid")
+    assert held is not None and held[:1] == b"o" and unwrap(held[1:]).key_id == "k1"
+    report = reseal(both, "pay")
+    assert report.resealed == 1 and not report.unreadable
+    held = record_field(old, job.id, "w:kid")
+    assert held is not None and unwrap(held[1:]).key_id == "k2"
+    with running_worker(new, queues=["pay"]):  # k1 is gone: the copy opens under k2
+        assert new.job(job.id).result(timeout=10) == f"got {SECRET}:ann"
+    for a in (old, both, new):
+        a.close()

@@ -1,12 +1,12 @@
 """Re-encrypting a queue's stored jobs under the current key (``conveyor reseal QUEUE``).
 
 A key rotation adds the new key as ``current`` and keeps the old one listed; this moves
-every sealed value of the queue's job records (arguments, results, step values) under the
-current key, so that the old key can then be dropped. Records are visited by a ``SCAN`` of
-the queue's job keys (queued, scheduled, running, suspended, dead and finished alike), and
-each is rewritten under ``WATCH``: a record a worker or producer changed between the read
-and the write is read again, never overwritten with what it held before.
-"""
+every sealed value of the queue's job records (arguments, results, step values, and the
+copy of a child's result a suspended parent holds) under the current key, so that the
+old key can then be dropped. Records are visited by a ``SCAN`` of the queue's job keys
+(queued, scheduled, running, suspended, dead and finished alike), and each is rewritten
+under ``WATCH``: a record a worker or producer changed between the read and the write is
+read again, never overwritten with what it held before."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from .encryption import Unsealable, is_sealed
+from . import keys as keyspace
+from .encryption import Unsealable, is_sealed, unwrap
 from .errors import ConfigurationError
 from .record import ARGS, TASK
 
@@ -67,7 +68,30 @@ def _changes(app: Conveyor, record: dict[bytes, bytes]) -> dict[bytes, bytes]:
             again = encryption.reseal(value, task, part)
             if again is not None:
                 out[name] = again
+        elif name.startswith(b"w:") and value[:1] == b"o" and is_sealed(value[1:]):
+            again = _child_result(app, value[1:])
+            if again is not None:
+                out[name] = b"o" + again
     return out
+
+
+def _child_result(app: Conveyor, sealed: bytes) -> bytes | None:
+    """A suspended job's copy of its child's sealed result (``ctx.child``), sealed again
+    under the current key; the child's task is read from the child's record.
+
+    :raises Unsealable: it does not open here, or the child's record is gone
+    """
+    encryption = app.encryption
+    assert encryption is not None
+    child = unwrap(sealed).bound
+    if unwrap(sealed).key_id == encryption.current:
+        return None
+    queue, short_id = keyspace.split_job_id(child)
+    task = app.redis.hget(app.keys(queue).job(short_id), TASK)
+    if task is None:
+        raise Unsealable(f"the result of child {child} it holds cannot be resealed: the"
+                         " child's record is gone")
+    return encryption.reseal(sealed, task.decode(errors="replace"), "result")
 
 
 def _one(app: Conveyor, key: str, report: ResealReport) -> None:
