@@ -22,6 +22,7 @@ import redis
 
 import conveyor
 from conveyor import clients
+from conveyor.unreachable import describe
 from conveyor.urls import public_url, split_tls, with_tls
 from helpers import (
     CONVEYOR,
@@ -281,8 +282,11 @@ def test_a_missing_client_certificate_fails_at_once(mtls_server: TLSRedisServer,
                                                     certs: Certificates) -> None:
     """The server refuses the handshake after it ends on the client's side (TLS 1.3), so
     redis-py sees the connection closed, not a certificate error."""
-    for exc in refusal(mtls_server.bare_url + certs.query(client=False)):
+    url = mtls_server.bare_url + certs.query(client=False)
+    for exc in refusal(url):
         assert str(exc)  # a ConnectionError with a message (the text is OpenSSL's)
+        # What the worker, the CLI and the dashboard say points at the client certificate.
+        assert "ssl_certfile" in describe(exc, url), describe(exc, url)
 
 
 def test_a_worker_with_a_wrong_ca_says_why_and_stops_when_told(tls_server: TLSRedisServer,

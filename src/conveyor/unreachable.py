@@ -34,6 +34,10 @@ def cause(exc: BaseException) -> tuple[str, str]:
         return "Redis is loading its data", "again in a moment"
     if isinstance(exc, redis.exceptions.TimeoutError | TimeoutError):
         return "no answer in time", "the host and port, and any firewall between"
+    if "certificate verify failed" in text or "CERTIFICATE_VERIFY_FAILED" in text:
+        return ("certificate verify failed: the server's TLS certificate is not trusted",
+                "that ssl_ca_certs names the CA that signed it, and that the host name is"
+                " one the certificate names")
     if "refused" in text.lower():
         return "connection refused", "that redis-server is running and listens there"
     if "reset by peer" in text or "closed by server" in text.lower():
@@ -50,4 +54,10 @@ def describe(exc: BaseException, url: str | None) -> str:
     """``cannot reach Redis at URL: cause; check ...``"""
     where = f" at {public_url(url)}" if url else ""
     what, check = cause(exc)
+    text = str(exc)
+    if url and url.lower().startswith("rediss") and (
+            "EOF occurred" in text or "reset by peer" in text or "closed by server" in text):
+        # A server that requires client certificates hangs up after the handshake.
+        check += ("; with TLS, that the server accepts this client's certificate"
+                  " (ssl_certfile and ssl_keyfile in the URL, or Conveyor(ssl=...))")
     return f"cannot reach Redis{where}: {what}; check {check}"

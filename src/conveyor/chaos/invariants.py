@@ -149,8 +149,17 @@ def _runs(ev: Evidence) -> Counter[str]:
 
 def _charged(j: JobRecord, runs: Counter[str]) -> int:
     """Attempts charged to ``j`` without a run: those its record counts, plus those it
-    gave back for runs that started, beyond the runs the ledger shows."""
-    return max(0, j.attempts + j.refunds - runs[j.label])
+    gave back for runs that started, beyond the runs the ledger shows.
+
+    One exception, by design (docs/guarantees.md, item 3): once a lease of the job was lost
+    before its run was told (``unstarted``), its later leases tell their start *before*
+    the run begins, so that a job that kills its worker as it starts is charged; a worker
+    killed between that tell and the run's first line charges a lease that ran nothing.
+    Such a lease was lost and charged, so at most ``lost - unstarted`` of them."""
+    excess = max(0, j.attempts + j.refunds - runs[j.label])
+    if j.unstarted:
+        return max(0, excess - (j.lost - j.unstarted))
+    return excess
 
 
 def _overlaps(ledger: list[LedgerEntry]) -> list[str]:
