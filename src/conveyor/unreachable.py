@@ -38,6 +38,9 @@ def cause(exc: BaseException) -> tuple[str, str]:
         return ("certificate verify failed: the server's TLS certificate is not trusted",
                 "that ssl_ca_certs names the CA that signed it, and that the host name is"
                 " one the certificate names")
+    if "certificate required" in text.lower():
+        return ("the server requires a client certificate (TLS)",
+                "ssl_certfile and ssl_keyfile in the URL, or Conveyor(ssl=...)")
     if "refused" in text.lower():
         return "connection refused", "that redis-server is running and listens there"
     if "reset by peer" in text or "closed by server" in text.lower():
