@@ -285,6 +285,15 @@ def test_steps_children_and_workflows_of_encrypted_tasks(server: RedisServer, ns
         assert job.result(timeout=20) == f"{SECRET}-step|{SECRET}:ann"
         results = handle.result(timeout=20)
     assert sorted(results.values()) == [f"{SECRET}:bob", f"got {SECRET}:bob"]
+    # The dashboard (which here holds the key) shows the nodes' results as [encrypted].
+    from starlette.testclient import TestClient
+
+    from conveyor.web import create_app
+    with TestClient(create_app(app)) as client:
+        for url in (f"/workflows/{handle.id}", f"/api/workflows/{handle.id}"):
+            page = client.get(url)
+            assert page.status_code == 200 and SECRET not in page.text, url
+            assert ENCRYPTED in page.text, url
     record = app.redis.hgetall(app.keys("pay").job(job.short_id))
     assert is_sealed(record[b"step:lookup"])
     assert not any(SECRET.encode() in v for v in record.values())

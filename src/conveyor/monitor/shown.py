@@ -22,7 +22,7 @@ from ..redaction import REDACTED, redactions
 if TYPE_CHECKING:
     from ..app import Conveyor
 
-__all__ = ["arguments", "info", "of_record"]
+__all__ = ["arguments", "info", "of_record", "result_hidden"]
 
 def arguments(app: Conveyor, task: str, raw: bytes | None
               ) -> tuple[list[Any] | str, dict[str, Any]]:
@@ -47,6 +47,15 @@ def info(app: Conveyor, queue: str, short_id: str, record: Mapping[bytes, bytes]
     """A job's record as people may see it: a sealed result shows as ``[encrypted]``."""
     found = JobInfo.from_record(app, queue, short_id, record)
     if found.result is not None and is_sealed(record.get(b"result")):
+        return dataclasses.replace(found, result=ENCRYPTED)
+    return found
+
+
+def result_hidden(app: Conveyor, found: JobInfo) -> JobInfo:
+    """``found`` (read by the public API, which opens sealed results where it has the key)
+    with its result shown as ``[encrypted]`` when its task is declared ``encrypt=True``."""
+    task = app.tasks.get(found.task)
+    if found.result is not None and task is not None and task.encrypt:
         return dataclasses.replace(found, result=ENCRYPTED)
     return found
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..job import JobInfo
 from ..monitor import TaskActivity
 from ..monitor.lists import JOB_LISTS
+from ..monitor.shown import result_hidden
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -178,7 +179,7 @@ def workflow_detail(app: Conveyor, workflow_id: str) -> dict[str, Any]:
     info = app.workflow_handle(workflow_id).info()
     nodes = []
     for name, job in info.nodes.items():
-        row = info_dict(job)
+        row = info_dict(result_hidden(app, job))  # an encrypted node's shows [encrypted]
         row["name"], row["after"] = name, list(info.after.get(name, ()))
         nodes.append(row)
     groups = [{"state": s, "nodes": [n for n in nodes if n["state"] == s]}
