@@ -144,6 +144,7 @@ _AsyncSentinel: Any = redis.asyncio.sentinel.Sentinel
 # full, wait for a connection instead of failing the job.
 POOL_SIZE = 1024
 POOL_WAIT = 30.0  # seconds a command may wait for a free connection
+CLOSE_WAIT = 5.0  # seconds a closing Cluster client waits for its dropped nodes to disconnect
 
 
 def is_cluster(url: str) -> bool:
@@ -276,6 +277,19 @@ def sync_client(url: str, **options: Any) -> Any:
     return redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
 
 
+class AsyncClusterClient(redis.asyncio.cluster.RedisCluster):
+    """redis-py's asyncio Cluster client, whose ``aclose`` also waits (a few seconds at
+    most) for the disconnects of nodes a topology refresh dropped: redis-py starts them as
+    background tasks and does not wait, so a loop that ends right after the close would
+    leave their sockets open."""
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        pending = list(getattr(self.nodes_manager, "_background_tasks", ()))
+        if pending:
+            await asyncio.wait(pending, timeout=CLOSE_WAIT)
+
+
 def async_client(url: str, **options: Any) -> Any:
     """A ``redis.asyncio.Redis`` for ``url`` (replies as bytes), packing in C on TCP; a
     ``redis.asyncio.cluster.RedisCluster`` for a cluster URL (its nodes make their own
@@ -285,7 +299,7 @@ def async_client(url: str, **options: Any) -> Any:
     _health(options, tls)
     if is_cluster(url):
         options.pop("health_check_interval")
-        return redis.asyncio.cluster.RedisCluster.from_url(_node_url(url), **options)
+        return AsyncClusterClient.from_url(_node_url(url), **options)
     if is_sentinel(url):
         target = parse_sentinel_url(url)
         sentinel_kwargs = _sentinel_options(target, options, tls)
