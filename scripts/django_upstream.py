@@ -72,8 +72,7 @@ SUITES = [
 VENVS = {
     "6.1": ["django==6.1.3", "django-tasks-db==0.13.0"],
     "5.2": ["django==5.2.19", "django-tasks==0.12.0", "django-tasks-db==0.13.0",
-            "django-tasks-rq==0.12.0", "rq==2.6.1", "django-rq==3.2.2",
-            "fakeredis==2.32.1"],
+            "django-tasks-rq==0.12.0", "rq==2.6.1", "django-rq==3.2.2"],
 }
 
 

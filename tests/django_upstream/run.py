@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import sys
+import types
 import unittest
 from typing import Any
 
@@ -155,11 +156,24 @@ def _skip_not_applying(suite: unittest.TestSuite, reasons: dict[str, str], prefi
             setattr(test, test._testMethodName, unittest.skip(reason)(method))
 
 
+def real_redis_for_rq() -> None:
+    """django-tasks-rq's test module imports the in-memory Redis classes of ``fakeredis``
+    for RQ's own connections: here those names are redis-py's own clients, so that every
+    connection of the run reaches the private redis-server (the settings' ``RQ_QUEUES``
+    name it) and no in-memory stand-in is installed or run. Their ``flushall`` before each
+    test is the one this runner does anyway."""
+    stand_in = types.ModuleType("fakeredis")
+    stand_in.FakeRedis = redis.Redis  # type: ignore[attr-defined]
+    stand_in.FakeStrictRedis = redis.StrictRedis  # type: ignore[attr-defined]
+    sys.modules["fakeredis"] = stand_in
+
+
 def main(argv: list[str]) -> int:
     out, suite_name, label = argv
     os.environ["UPSTREAM_SUITE"] = suite_name
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "django_upstream.settings")
     backport_inspect()
+    real_redis_for_rq()
     if suite_name == "django":  # the backends' own tests know the backport by its name
         alias_the_backport()
     import django

@@ -25,5 +25,6 @@ TASKS = {"default": {"BACKEND": "conveyor.contrib.django.ConveyorBackend",
                                                        "redis://127.0.0.1:6379/0"),
                                  "namespace": "upstream"}}}
 # django-tasks-rq's tests set up django_rq's own connections before each test: here they
-# name a real Redis (its in-memory stand-in is never used).
-RQ_QUEUES = {name: {"URL": "redis://127.0.0.1:6379/0"} for name in ("default", "queue-1")}
+# reach the run's private redis-server with redis-py (see run.real_redis_for_rq).
+RQ_QUEUES = {name: {"URL": os.environ.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0")}
+             for name in ("default", "queue-1")}
