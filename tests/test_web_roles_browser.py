@@ -4,7 +4,6 @@ not purge, an admin sees purge and uses it."""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,28 +15,12 @@ import conveyor
 from conveyor import testing
 from conveyor.web import create_app
 from helpers import free_port, wait_until
+from test_web_browser import browser, pytestmark  # Chromium, and when it is missing
 
-CHROMIUM = "/usr/bin/chromium"
+__all__ = ["browser", "pytestmark"]
+
 USERS: dict[str, Any] = {"ann": ("ann-pw", "admin"), "ola": ("ola-pw", "operator"),
                          "rob": ("rob-pw", "readonly")}
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.xdist_group("browser"),
-    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                       reason=f"{CHROMIUM} is missing (apt-get install chromium)"),
-]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

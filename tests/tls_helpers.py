@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from helpers import REDIS_SERVER, RedisServer, free_port, wait_until
+from helpers import REDIS_SERVER, RedisServer, free_port, stop_processes, wait_until
 
 Key = ec.EllipticCurvePrivateKey
 
@@ -177,12 +177,7 @@ class TLSRedisServer(RedisServer):
         if self.process is None:
             return
         # SIGTERM: redis-server shuts down as for SHUTDOWN (no save: --save "").
-        self.process.terminate()
-        try:
-            self.process.wait(5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
+        stop_processes([self.process], grace=5)
         self.process = None
 
 
@@ -239,12 +234,7 @@ class TLSSentinel:
 
     def cleanup(self) -> None:
         if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+            stop_processes([self.process], grace=5)
             self.process = None
         self.primary.cleanup()
         shutil.rmtree(self.dir, ignore_errors=True)
