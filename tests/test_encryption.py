@@ -358,3 +358,27 @@ def test_reseal_reaches_a_suspended_parents_copy_of_its_childs_result(server: Re
         assert new.job(job.id).result(timeout=10) == f"got {SECRET}:ann"
     for a in (old, both, new):
         a.close()
+
+
+def test_a_worker_drops_the_redactions_its_tasks_no_longer_have(server: RedisServer,
+                                                                ns: str) -> None:
+    from conveyor import redaction
+    from conveyor.keys import redactions_key
+    from helpers import run_async
+
+    async def publish(a: conveyor.Conveyor) -> None:
+        await redaction.apublish(a, a.aredis())
+
+    app = _app(server.url, ns, {"k1": K1})
+    run_async(app, publish(app))
+    assert app.redis.hget(redactions_key(ns), "plain") is not None
+    later = conveyor.Conveyor(server.url, namespace=ns)
+
+    @later.task(name="plain", queue="pay")  # the same task, redacting nothing now
+    def plain(user: str, card: str, note: str = "") -> str:
+        return user
+
+    run_async(later, publish(later))
+    assert app.redis.hget(redactions_key(ns), "plain") is None
+    for a in (app, later):
+        a.close()

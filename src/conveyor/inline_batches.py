@@ -64,6 +64,6 @@ def _settle(runner: InlineRunner, queue: str, task: Task[Any, Any], short_id: st
         runner._dead(queue, short_id, mark[1])
         return True
     if error is None or mark is not None:
-        runner._succeed(queue, short_id, item.result)
+        runner._succeed(queue, short_id, task, item.result)
         return True
     return runner._failed(queue, short_id, task, attempt, error)

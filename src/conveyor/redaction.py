@@ -39,15 +39,21 @@ def of_task(task: Task[Any, Any]) -> dict[str, int]:
 
 
 async def apublish(app: Conveyor, client: Any) -> None:
-    """Write the redacted parameters of ``app``'s tasks where every view finds them; a
-    failure is logged (views that do not know a task then show its arguments)."""
+    """Write the redacted parameters of ``app``'s tasks where every view finds them, and
+    drop the entries of its tasks that redact nothing (any more); a failure is logged
+    (views that do not know a task then show its arguments)."""
     mapping = {name: json.dumps(sorted(of_task(task).items()))
                for name, task in app.tasks.items() if task.redact}
-    if not mapping:
-        return
+    plain = [name for name, task in app.tasks.items() if not task.redact]
+    key = redactions_key(app.namespace)
     try:
-        await client.hset(redactions_key(app.namespace), mapping=mapping)
-    except Exception as exc:
+        async with client.pipeline(transaction=False) as pipe:
+            if mapping:
+                pipe.hset(key, mapping=mapping)
+            if plain:
+                pipe.hdel(key, *plain)
+            await pipe.execute()
+    except Exception as exc:  # start-up goes on; said once
         log.warning("could not publish the redacted parameters of %d tasks: %s",
                     len(mapping), exc)
 

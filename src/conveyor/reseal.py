@@ -83,9 +83,10 @@ def _child_result(app: Conveyor, sealed: bytes) -> bytes | None:
     """
     encryption = app.encryption
     assert encryption is not None
-    child = unwrap(sealed).bound
-    if unwrap(sealed).key_id == encryption.current:
+    header = unwrap(sealed)
+    if header.key_id == encryption.current:
         return None
+    child = header.bound
     queue, short_id = keyspace.split_job_id(child)
     task = app.redis.hget(app.keys(queue).job(short_id), TASK)
     if task is None:

@@ -163,7 +163,7 @@ class InlineRunner:
             try:
                 with self._hooks(task, queue, short_id, attempt, payload):
                     value = call(task, args, kwargs)
-                self._succeed(queue, short_id, value)
+                self._succeed(queue, short_id, task, value)
                 return
             except Exception as exc:
                 if self._failed(queue, short_id, task, attempt, exc):
@@ -181,7 +181,7 @@ class InlineRunner:
             try:
                 with self._hooks(task, queue, short_id, attempt, payload):
                     value = await task.fn(*args, **kwargs)
-                self._succeed(queue, short_id, value)
+                self._succeed(queue, short_id, task, value)
                 return
             except Exception as exc:
                 if self._failed(queue, short_id, task, attempt, exc):
@@ -221,10 +221,9 @@ class InlineRunner:
         self._update(queue, short_id, state="active", attempts=attempt,
                      started_at=repr(time.time()))
 
-    def _succeed(self, queue: str, short_id: str, value: Any) -> None:
+    def _succeed(self, queue: str, short_id: str, task: Task[Any, Any], value: Any) -> None:
         encoded = self.app.codec.encode_result(value)  # a result that cannot be stored fails
-        task = self.app.tasks.get(self.record(queue, short_id).get(TASK.encode(), b"").decode())
-        if task is not None and task.encrypt:
+        if task.encrypt:
             encoded = seal_result(self.app, task, keyspace.job_id(queue, short_id), encoded)
         self._update(queue, short_id, state="succeeded", result=encoded,
                      finished_at=repr(time.time()))
