@@ -84,6 +84,10 @@ def test_arguments_and_result_are_sealed_at_rest_and_clear_to_the_task(
     # The persistence files: an RDB snapshot and the AOF.
     app.redis.save()
     app.redis.bgrewriteaof()
+    # Read the files once the rewrite is done (its temporary files come and go meanwhile).
+    wait_until(lambda: app.redis.info("persistence")["aof_rewrite_in_progress"] == 0
+               and app.redis.info("persistence")["aof_rewrite_scheduled"] == 0, 10,
+               message="the AOF rewrite")
     files = [p for p in server.dir.rglob("*") if p.is_file() and p.suffix in (".rdb", ".aof")]
     assert files, "no persistence files written"
     for path in files:
@@ -381,4 +385,25 @@ def test_a_worker_drops_the_redactions_its_tasks_no_longer_have(server: RedisSer
     run_async(later, publish(later))
     assert app.redis.hget(redactions_key(ns), "plain") is None
     for a in (app, later):
+        a.close()
+
+
+def test_a_reseal_whose_reply_is_lost_reads_again_and_finishes(server: RedisServer,
+                                                               ns: str) -> None:
+    from lost_reply import LoseReplies
+
+    old = _app(server.url, ns, {"k1": K1})
+    job = old.tasks["charge"].options(delay=3600).enqueue(SECRET, 4)
+    both = _app(server.url, ns, {"k1": K1, "k2": K2}, current="k2")
+    with LoseReplies(b"EXEC") as lost:  # the rewrite is applied, its reply never comes
+        report = reseal(both, "pay")
+    assert lost.lost == 1  # the fault did happen
+    assert not report.unreadable and not report.busy
+    raw = record_field(both, job.id, "a")
+    assert raw is not None and unwrap(raw).key_id == "k2"
+    new = _app(server.url, ns, {"k2": K2}, current="k2")
+    assert new.encryption is not None
+    assert both.codec.decode_args(new.encryption.open(raw, "charge", "args", job.id))[0] == \
+        [SECRET, 4]
+    for a in (old, both, new):
         a.close()

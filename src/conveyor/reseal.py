@@ -6,7 +6,10 @@ copy of a child's result a suspended parent holds) under the current key, so tha
 old key can then be dropped. Records are visited by a ``SCAN`` of the queue's job keys
 (queued, scheduled, running, suspended, dead and finished alike), and each is rewritten
 under ``WATCH``: a record a worker or producer changed between the read and the write is
-read again, never overwritten with what it held before."""
+read again, never overwritten with what it held before; so is a record whose rewrite got
+no reply (redis-py raises ``WatchError`` for a watched connection that failed; the next
+read tells whether it was applied). A run cut short is safe to run again: values already
+under the current key are left alone."""
 
 from __future__ import annotations
 
