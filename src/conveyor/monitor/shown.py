@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..encryption import ENCRYPTED, is_sealed
 from ..errors import EncodingError
-from ..job import JobInfo
+from ..job import JobInfo, JobState
 from ..record import ARGS
 from ..redaction import REDACTED, redactions
 
@@ -44,9 +44,13 @@ def arguments(app: Conveyor, task: str, raw: bytes | None
 
 
 def info(app: Conveyor, queue: str, short_id: str, record: Mapping[bytes, bytes]) -> JobInfo:
-    """A job's record as people may see it: a sealed result shows as ``[encrypted]``."""
-    found = JobInfo.from_record(app, queue, short_id, record)
-    if found.result is not None and is_sealed(record.get(b"result")):
+    """A job's record as people may see it: a sealed result shows as ``[encrypted]`` (and
+    is not opened: the record is read without it)."""
+    if not is_sealed(record.get(b"result")):
+        return JobInfo.from_record(app, queue, short_id, record)
+    unsealed = {name: value for name, value in record.items() if name != b"result"}
+    found = JobInfo.from_record(app, queue, short_id, unsealed)
+    if found.state == JobState.SUCCEEDED:
         return dataclasses.replace(found, result=ENCRYPTED)
     return found
 
