@@ -43,7 +43,8 @@ def cause(exc: BaseException) -> tuple[str, str]:
                 "ssl_certfile and ssl_keyfile in the URL, or Conveyor(ssl=...)")
     if "refused" in text.lower():
         return "connection refused", "that redis-server is running and listens there"
-    if "reset by peer" in text or "closed by server" in text.lower():
+    if ("reset by peer" in text or "closed by server" in text.lower()
+            or "connection lost" in text.lower()):  # redis-py: "... Connection lost."
         return "the connection was cut", "that redis-server is still running"
     if "not known" in text or "resolution" in text or "getaddrinfo" in text:
         return "unknown host", "the host name in the URL"
