@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from . import clients, producer
+from . import clients, producer, sharding
 from . import keys as keyspace
 from .declaring import TaskDeclarations
 from .encoding import DEFAULT_MAX_PAYLOAD, Codec, Format
@@ -90,6 +90,7 @@ class Conveyor(TaskDeclarations):
         self.expire_hooks: list[Callable[[JobInfo], Any]] = []
         self._async = clients.PerLoop()  # asyncio clients, one per event loop
         self._registered_queues: set[str] = set()
+        self._layouts = sharding.Layouts(self)  # where the jobs of sharded queues go
         self.hooks: list[Hook] = []  # tracing and test helpers: see conveyor.hooks
         # where jobs go: Redis, or conveyor.testing.inline's runner (see conveyor.producer)
         self._sender: producer.Sender = producer.RedisSender(self)

@@ -63,6 +63,13 @@ class QueueKeys:
     # + request id -> a script call's reply, kept a while so that a re-sent call (its first
     # reply lost) answers it again instead of applying twice (see conveyor.scripts)
     replies_prefix: str
+    # Sharded queues (conveyor.sharding): on the queue itself, a hash of its layout and
+    # global limits, the lock and counter of the rebalancing of its concurrency cap; on
+    # every shard, the latest rebalancing round (epoch) that wrote its allotment.
+    shards: str
+    shards_lock: str
+    shards_epoch: str
+    shard_epoch: str
 
     def job(self, short_id: str) -> str:
         return self.job_prefix + short_id
@@ -153,6 +160,10 @@ def queue_keys(namespace: str, queue: str) -> QueueKeys:
         waiter_offers=f"{tag}:offers",
         handoff_prefix=f"{tag}:handoff:",
         replies_prefix=f"{tag}:reply:",
+        shards=f"{tag}:shards",
+        shards_lock=f"{tag}:shards:lock",
+        shards_epoch=f"{tag}:shards:epoch",
+        shard_epoch=f"{tag}:shard:epoch",
     )
 
 

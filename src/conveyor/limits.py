@@ -15,7 +15,9 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from . import sharding
 from .errors import ConfigurationError
+from .keys import queues_key
 from .scripts import calls
 
 if TYPE_CHECKING:
@@ -135,6 +137,12 @@ def _changes(values: dict[str, Any], names: dict[str, str]) -> list[tuple[str, s
     return out
 
 
+def tenant_changes(fields: dict[str, str]) -> list[tuple[str, str]]:
+    """The tenant limits of a limits hash, as changes that set them elsewhere."""
+    return [(name, value) for name, value in fields.items()
+            if name in ("tenant_concurrency", "tenant_rate") or name.startswith(("c:", "r:"))]
+
+
 class Queue:
     """A handle on one queue's flow control and pause switch (made without I/O by
     :meth:`conveyor.Conveyor.queue`)."""
@@ -147,8 +155,43 @@ class Queue:
         return f"<Queue {self.name!r}>"
 
     def _apply(self, changes: list[tuple[str, str]], clear: bool = False) -> QueueLimits:
+        layout = sharding.read_layout(self.app, self.name)
+        if layout.sharded:
+            return self._apply_sharded(layout, changes, clear)
         k = self.app.keys(self.name)
         return limits_from_hash(self.app.scripts.run(calls.set_limits(k, changes, clear)))
+
+    def _apply_sharded(self, layout: sharding.Layout, changes: list[tuple[str, str]],
+                       clear: bool) -> QueueLimits:
+        """A sharded queue's limits: its cap and rate are the whole queue's (stored in its
+        layout; the cap is shared out by the workers' rebalancing, the rate split evenly),
+        the tenants' limits are the same on every shard (a tenant lives on one)."""
+        whole = dict(changes)
+        concurrency, rate = layout.concurrency, layout.rate
+        if clear:
+            concurrency = rate = None
+        if "concurrency" in whole:
+            concurrency = int(whole["concurrency"]) if whole["concurrency"] else None
+        if "rate" in whole:
+            rate = float(whole["rate"]) if whole["rate"] else None
+        per_shard = [(f, v) for f, v in changes if f not in ("concurrency", "rate")]
+        if concurrency is None and layout.concurrency is not None:
+            per_shard.append(("concurrency", ""))  # no cap: no shares
+        elif concurrency is not None and (layout.concurrency is None
+                                          or concurrency < layout.concurrency):
+            # New or lowered: no shard starts more until a round has shared the cap out.
+            per_shard.append(("concurrency", "0"))
+        new = sharding.Layout(self.name, layout.active, layout.retired, concurrency, rate)
+        sharding.write_global(self.app, new)
+        for shard in new.served:
+            self.app.scripts.run(calls.set_limits(self.app.keys(shard), per_shard, clear))
+        sharding.spread_rate(self.app, new)
+        return self.limits()
+
+    def own_limits_hash(self) -> dict[str, str]:
+        """The limits hash of the queue itself (for a sharded queue: of its first shard)."""
+        raw = self.app.redis.hgetall(self.app.keys(self.name).limits)
+        return {_text(a): _text(b) for a, b in raw.items()}
 
     def set_limits(
         self, *, concurrency: Any = UNSET, rate: Any = UNSET, tenant_concurrency: Any = UNSET,
@@ -180,29 +223,53 @@ class Queue:
                                     {"concurrency": f"c:{tenant}", "rate": f"r:{tenant}"}))
 
     def limits(self) -> QueueLimits:
-        """The queue's limits as stored now."""
-        raw = self.app.redis.hgetall(self.app.keys(self.name).limits)
-        return limits_from_hash({_text(a): _text(b) for a, b in raw.items()})
+        """The queue's limits as stored now (for a sharded queue, the whole queue's)."""
+        own = limits_from_hash(self.own_limits_hash())
+        layout = sharding.read_layout(self.app, self.name)
+        if not layout.sharded:
+            return own
+        return QueueLimits(layout.concurrency, layout.rate, own.tenant_concurrency,
+                           own.tenant_rate, own.tenants)
 
     def clear_limits(self) -> None:
         """Remove every limit of the queue (its tenants' overrides too)."""
         self._apply([], clear=True)
 
+    def set_shards(self, count: int) -> int:
+        """Spread the queue over ``count`` shards (1: the queue alone), stored in Redis and
+        read by every producer and worker within seconds (see :mod:`conveyor.sharding`).
+        Shards a smaller count stops sending to keep their jobs and are served as before.
+
+        :raises ConfigurationError: ``count`` is not an integer from 1 to 64
+        """
+        return len(sharding.set_shards(self.app, self.name, count).active)
+
+    def shards(self) -> int:
+        """How many shards new jobs of the queue are spread over (1 when never set)."""
+        return len(sharding.read_layout(self.app, self.name).active)
+
+    def served(self) -> list[str]:
+        """The names of every shard that may hold jobs of the queue, the queue first."""
+        indexed = [_text(n) for n in self.app.redis.smembers(queues_key(self.app.namespace))]
+        return sharding.served_from(sharding.read_layout(self.app, self.name), indexed)
+
     def pause(self) -> None:
         """Stop handing out jobs of this queue; it keeps accepting new ones."""
-        self.app.redis.set(self.app.keys(self.name).paused, 1)
+        for shard in self.served():
+            self.app.redis.set(self.app.keys(shard).paused, 1)
 
     def resume(self) -> None:
         """Hand out jobs again, and wake the queue's idle workers (a wake key of the wrong
         type wakes nobody: idle workers also look for work after each quiet spell)."""
-        k = self.app.keys(self.name)
-        with self.app.redis.pipeline(transaction=False) as pipe:
-            pipe.delete(k.paused)  # one by one: a Cluster pipeline's delete() chains nothing
-            pipe.lpush(k.wake, b"1")
-            pipe.ltrim(k.wake, 0, 0)
-            resumed = pipe.execute(raise_on_error=False)[0]
-        if isinstance(resumed, Exception):
-            raise resumed
+        for shard in self.served():
+            k = self.app.keys(shard)
+            with self.app.redis.pipeline(transaction=False) as pipe:
+                pipe.delete(k.paused)  # one by one: a Cluster pipeline's delete() chains nothing
+                pipe.lpush(k.wake, b"1")
+                pipe.ltrim(k.wake, 0, 0)
+                resumed = pipe.execute(raise_on_error=False)[0]
+            if isinstance(resumed, Exception):
+                raise resumed
 
     def is_paused(self) -> bool:
         return bool(self.app.redis.exists(self.app.keys(self.name).paused))

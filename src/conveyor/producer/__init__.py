@@ -45,6 +45,7 @@ from .send import RedisSender, Sender, Sent, Stored
 
 if TYPE_CHECKING:
     from ..app import Conveyor
+    from ..sharding import Layout
     from ..task import Task
     from ..workflow import Workflow, WorkflowHandle
 
@@ -117,11 +118,11 @@ def _dedupe_key(task: Task[Any, Any]) -> str:
     return _encryption(task).mac(key) if key and task.encrypt else key
 
 
-def _sealed(task: Task[Any, Any], spec: calls.JobSpec, jobs: list[tuple[str, bytes]]
-            ) -> list[tuple[str, bytes]]:
+def _sealed(task: Task[Any, Any], spec: calls.JobSpec, jobs: list[tuple[str, bytes]],
+            queue: str) -> list[tuple[str, bytes]]:
     """An encrypted task's jobs with their arguments sealed, each bound to its job (a
     debounced job's to its key: each enqueue with the key replaces its arguments)."""
-    seal, name, queue = _encryption(task).seal, task.name, task.queue
+    seal, name = _encryption(task).seal, task.name
     if spec.debounce_ms is not None:
         bound = "key:" + spec.key
         return [(short_id, seal(data, bound, name, "args")) for short_id, data in jobs]
@@ -199,17 +200,19 @@ class Plan:
 
 def plan(task: Task[Any, Any], arguments: Sequence[Arguments], *,
          meta: dict[str, str] | None = None, ids: Sequence[str] | None = None,
-         claim: calls.Claim | None = None) -> Plan:
+         claim: calls.Claim | None = None, queue: str | None = None) -> Plan:
     """The plan that stores one job of ``task`` per (args, kwargs) of ``arguments`` (no
     I/O): the arguments are encoded now, so one that cannot be fails here.
 
     :param meta: what the enqueue hooks gave (its trace id goes onto the spec)
     :param ids: the jobs' short ids (default: new ones)
     :param claim: a periodic tick's claim
+    :param queue: the shard of a sharded queue the jobs go to (default: the task's queue)
     :raises SerializationError: an argument cannot be encoded (nothing is written)
     :raises PayloadTooLarge: the encoded arguments are over the limit
     """
-    app, queue, options = task.app, task.queue, task.job_options
+    app, options = task.app, task.job_options
+    queue = task.queue if queue is None else queue
     spec = job_spec(task)
     trace_id = take_trace_id(meta)  # before encoding: the trace id is no payload entry
     if trace_id:
@@ -223,7 +226,7 @@ def plan(task: Task[Any, Any], arguments: Sequence[Arguments], *,
         jobs = [(short_id, encode(name, args, kwargs, meta))
                 for short_id, (args, kwargs) in zip(ids, arguments, strict=True)]
     if task.encrypt:
-        jobs = _sealed(task, spec, jobs)
+        jobs = _sealed(task, spec, jobs, queue)
     if options.key is not None and len(jobs) > 1:
         raise ConfigurationError("a dedupe key names one job: use it with enqueue, not"
                                  " enqueue_many")
@@ -245,13 +248,45 @@ def _jobs(p: Plan, stored: Stored) -> list[Job[Any]]:
     return [Job._of(p.app, p.queue, short_id) for short_id, _ in stored]
 
 
+def _placed(task: Task[Any, Any], arguments: Sequence[Arguments], layout: Layout | None
+            ) -> list[tuple[str, list[int]]]:
+    """Where the jobs of a sharded queue go: (shard, positions in ``arguments``) for each
+    shard that takes some (see :mod:`conveyor.sharding`)."""
+    everything = list(range(len(arguments)))
+    if layout is None or len(layout.active) == 1:
+        return [(task.queue, everything)]
+    layouts, options = task.app._layouts, task.job_options
+    if options.tenant is not None or options.key is not None or len(arguments) == 1:
+        return [(layouts.place(layout, options.tenant, options.key), everything)]
+    groups: dict[str, list[int]] = {}
+    for i, shard in enumerate(layouts.spread(layout, len(arguments))):
+        groups.setdefault(shard, []).append(i)
+    return list(groups.items())
+
+
+def _layout(task: Task[Any, Any], claim: calls.Claim | None) -> Layout | None:
+    """The layout of the task's queue, when its jobs may be spread (a periodic tick's
+    claim and the inline runner of conveyor.testing keep them on the queue itself)."""
+    if claim is not None or not isinstance(task.app._sender, RedisSender):
+        return None
+    return task.app._layouts.get(task.queue)
+
+
 def enqueue(task: Task[Any, Any], arguments: Sequence[Arguments],
             claim: calls.Claim | None = None) -> list[Job[Any]]:
     """Store one job of ``task`` per (args, kwargs): hooks, plan, send."""
     app = task.app
     with _hooks(app, task, len(arguments), claim) as meta:
-        p = plan(task, arguments, meta=meta, claim=claim)
-        return _jobs(p, app._sender.send(p))
+        placed = _placed(task, arguments, _layout(task, claim))
+        if len(placed) == 1:
+            p = plan(task, arguments, meta=meta, claim=claim, queue=placed[0][0])
+            return _jobs(p, app._sender.send(p))
+        out: list[Job[Any] | None] = [None] * len(arguments)
+        for shard, positions in placed:
+            p = plan(task, [arguments[i] for i in positions], meta=meta, queue=shard)
+            for i, job in zip(positions, _jobs(p, app._sender.send(p)), strict=True):
+                out[i] = job
+        return out  # type: ignore[return-value]  # every position was filled
 
 
 async def aenqueue(task: Task[Any, Any], arguments: Sequence[Arguments],
@@ -259,8 +294,19 @@ async def aenqueue(task: Task[Any, Any], arguments: Sequence[Arguments],
     """Async twin of :func:`enqueue`."""
     app = task.app
     with _hooks(app, task, len(arguments), claim) as meta:
-        p = plan(task, arguments, meta=meta, claim=claim)
-        return _jobs(p, await app._sender.asend(p))
+        layout = None
+        if claim is None and isinstance(app._sender, RedisSender):
+            layout = await app._layouts.aget(task.queue)
+        placed = _placed(task, arguments, layout)
+        if len(placed) == 1:
+            p = plan(task, arguments, meta=meta, claim=claim, queue=placed[0][0])
+            return _jobs(p, await app._sender.asend(p))
+        out: list[Job[Any] | None] = [None] * len(arguments)
+        for shard, positions in placed:
+            p = plan(task, [arguments[i] for i in positions], meta=meta, queue=shard)
+            for i, job in zip(positions, _jobs(p, await app._sender.asend(p)), strict=True):
+                out[i] = job
+        return out  # type: ignore[return-value]  # every position was filled
 
 
 def enqueue_child(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -285,7 +331,8 @@ def store(p: Plan) -> list[Job[Any]]:
         return _jobs(p, p.app._sender.send(p))
     with _hooks(p.app, task, len(p.jobs), p.claim) as meta:
         if meta is not None:
-            p = plan(task, p.arguments, meta=meta, ids=[s for s, _ in p.jobs], claim=p.claim)
+            p = plan(task, p.arguments, meta=meta, ids=[s for s, _ in p.jobs], claim=p.claim,
+                     queue=p.queue)
         return _jobs(p, p.app._sender.send(p))
 
 

@@ -57,6 +57,7 @@ SCRIPT_NAMES = (
     "wait",
     "signal",
     "resume",
+    "shard_allot",
 )
 
 

@@ -53,7 +53,8 @@
 --            before it begins (heartbeat.lua) else '';
 --            short ids of dead letters deleted by the cap meanwhile,
 --            1 if limits held back ready jobs (a burst worker waits for them) else 0,
---            short ids of jobs that expired (include/expiry.lua) }
+--            short ids of jobs that expired (include/expiry.lua),
+--            the highest priority that has ready jobs left ('' if none) }
 --@include clock
 --@include ready
 --@include metrics
@@ -124,5 +125,6 @@ for _, set in ipairs({ K.delayed, K.leases, K.parked }) do
     next_due = tonumber(first[2])
   end
 end
+local top = redis.call('ZRANGE', K.priorities, -1, -1)
 return { string.format('%.3f', now), next_due == '' and '' or string.format('%.3f', next_due),
-  out.dead, acc.jobs, out.trimmed, held and 1 or 0, out.expired }
+  out.dead, acc.jobs, out.trimmed, held and 1 or 0, out.expired, top[1] or '' }

@@ -53,6 +53,8 @@ KEYS: dict[str, tuple[str, ...]] = {
                "wake", "suspended"),
     "resume": ("job_prefix", "delayed", "counts", "ready_prefix", "ring_prefix", "priorities",
                "wake", "suspended"),
+    "shard_allot": ("limits", "parked", "ready_prefix", "ring_prefix", "priorities", "wake",
+                    "counts", "shard_epoch"),
 }
 
 
@@ -193,6 +195,11 @@ class SetLimitsArgv(NamedTuple):
     changes: int
 
 
+class ShardAllotArgv(NamedTuple):
+    epoch: int
+    share: str
+
+
 class RegisterWaiterArgv(NamedTuple):
     now: str
     worker: str
@@ -220,6 +227,7 @@ ARGV: dict[str, type[tuple[Any, ...]]] = {
     "wait": WaitArgv,
     "signal": SignalArgv,
     "resume": ResumeArgv,
+    "shard_allot": ShardAllotArgv,
 }
 
 

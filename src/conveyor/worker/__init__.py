@@ -48,6 +48,7 @@ from .progress import ProgressWriter
 from .reach import wait_for_redis
 from .registry import keep_registered
 from .server_check import check_server
+from .shards import ShardWatch
 from .shutdown import Shutdown, end_leftovers, install_signals, leave_waiting, remove_signals
 from .slots import Slots
 from .wake import Listening, leave_markers, listen_for_wakeups
@@ -88,7 +89,9 @@ class Worker:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.app = app
-        self.queues = list(queues) if queues else app.queues() or ["default"]
+        self.bases = list(queues) if queues else app.queues() or ["default"]
+        # What it serves: the queues, and, once it has read their layouts, their shards.
+        self.queues = list(self.bases)
         self.concurrency = concurrency
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self.clock = ServerClock()
@@ -163,6 +166,7 @@ class Worker:
         self._client = client
         self.progress = ProgressWriter(runner, app.keys)
         self.notices = DeadNotices(app, alerter_for(app.alert_webhook))
+        self.queues[:] = self.bases  # (a run after a stop starts from the queues asked for)
         handovers = HandOvers(app, self.queues, lambda queue: consumer.nodes_ready(queue))
         self.outbox = Outbox(app, runner, before_flush=self.progress.flush,
                              notices=self.notices, on_handover=handovers.now)
@@ -194,14 +198,26 @@ class Worker:
         self.loops = Loops(on_fatal=lambda _exc: self._request_stop())
         listening = Listening(app.url, self.queues, app.keys, runner, self.waiting, slots,
                               consumer, hand_back, self.clock)
+
+        def serve(shards: list[str]) -> None:
+            self.queues.extend(shards)  # (the list the listener and hand-overs read)
+            consumer.serve(shards)
+            if listening_started:  # it blocks on the keys it began with: again, with these
+                self.loops.restart("wake listener", lambda: listen_for_wakeups(listening))
+
+        listening_started = False
+        shard_watch = ShardWatch(app, client, runner, self.bases, serve)
+        await shard_watch.first_look()
         self.loops.start("wake listener", lambda: listen_for_wakeups(listening))
+        listening_started = True
+        self.loops.start("shard watch", shard_watch.run)
         self.loops.start("lease heartbeat", self.lease_keeper.run)
         self.loops.start("progress writer", self.progress.run)
         self.loops.start("outcome outbox", self.outbox.run)
         self.loops.start("worker registry", lambda: keep_registered(self))
         self.loops.start("waiter renewal", lambda: keep_renewed(self.waiting, client,
                                                                  self.clock))
-        scheduler = Scheduler(app, self.queues, ServerClock())
+        scheduler = Scheduler(app, self.bases, ServerClock())
         self.loops.start("periodic scheduler", scheduler.run)
         self.loops.start("workflow hand-over", handovers.run)
         announce(self.id, app.url, app.namespace, self.queues, self.concurrency,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..clock import ServerClock
 from ..scripts import calls
+from ..sharding import base_queue
 from .backoff import REDIS_ERRORS, QueueBackoff
 from .dead import DeadNotices
 from .doubt import InDoubt
@@ -86,6 +87,9 @@ class Consumer:
         self._wakes = 0  # wake-ups seen so far (one that arrives during a fetch is kept)
         self.next_due: dict[str, float | None] = dict.fromkeys(self.queues)
         self._rotation = 0
+        self._top: dict[str, int | None] = {}  # per queue: its highest ready priority
+        self._sharded: dict[str, set[str]] = {}  # queue -> its shards served, when several
+        self._group()
 
     @property
     def stopping(self) -> bool:
@@ -109,8 +113,7 @@ class Consumer:
         """Lease jobs for every free slot from queues that may have work; True if any."""
         took = False
         n = len(self.queues)
-        for i in range(n):
-            queue = self.queues[(self._rotation + i) % n]
+        for queue in self._order():
             free = self.slots.free(queue)
             if self.slots.free() <= 0 or self._stopping():
                 break
@@ -136,6 +139,28 @@ class Consumer:
         self._rotation = (self._rotation + 1) % n
         return took
 
+    def _order(self) -> list[str]:
+        """The queues in the order this round serves them: in turn, except that the shards
+        of a sharded queue go by the highest priority each had ready at its last fetch (a
+        shard not fetched from yet first), so that a higher priority waiting on one shard
+        is not passed over for a lower one on another."""
+        n = len(self.queues)
+        order = [self.queues[(self._rotation + i) % n] for i in range(n)]
+        if not self._sharded:
+            return order
+        for shards in self._sharded.values():
+            places = [i for i, queue in enumerate(order) if queue in shards]
+            ranked = sorted((order[i] for i in places), key=self._rank)
+            for i, queue in zip(places, ranked, strict=True):
+                order[i] = queue
+        return order
+
+    def _rank(self, queue: str) -> int:
+        if queue not in self._top:
+            return -10  # never fetched from: first
+        top = self._top[queue]
+        return 1 if top is None else -top
+
     def _fetched(self, queue: str, fetched: calls.Fetched, want: int, wakes: int,
                  sent: float) -> None:
         """Learn from a fetch's reply what ``queue`` holds now (``sent``: when it was sent,
@@ -147,6 +172,7 @@ class Consumer:
         # after the script ran: look again rather than lose it.
         self._more[queue] = len(fetched.jobs) == want or self._wakes != wakes
         self._held_back[queue] = fetched.held
+        self._top[queue] = fetched.top
         if fetched.dead:
             log_dead_at_fetch(queue, fetched.dead)
             self._notices.dead(queue, fetched.dead)
@@ -241,6 +267,22 @@ class Consumer:
             self.idle.clear()
 
     # -- what others tell it ---------------------------------------------------------------
+
+    def serve(self, queues: Sequence[str]) -> None:
+        """Serve ``queues`` as well (new shards of a sharded queue): look at them now."""
+        for queue in queues:
+            if queue not in self._more:
+                self.queues.append(queue)
+                self.next_due[queue] = None
+            self._more[queue] = True
+        self._group()
+        self._wake()
+
+    def _group(self) -> None:
+        groups: dict[str, set[str]] = {}
+        for queue in self.queues:
+            groups.setdefault(base_queue(queue), set()).add(queue)
+        self._sharded = {base: shards for base, shards in groups.items() if len(shards) > 1}
 
     def wake_all(self) -> None:
         """Look at every queue again now (a wake marker arrived, or Redis came back)."""

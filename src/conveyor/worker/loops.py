@@ -49,6 +49,13 @@ class Loops:
         task.add_done_callback(self._ended)
         self._tasks.append(task)
 
+    def restart(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
+        """Stop the loop ``name`` (if it runs) and start ``loop`` under that name."""
+        for task in [t for t in self._tasks if t.get_name() == name and not t.done()]:
+            task.cancel()
+            self._tasks.remove(task)
+        self.start(name, loop)
+
     async def _keep(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
         failures = 0
         clock = asyncio.get_running_loop().time

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..clock import ServerClock
 from ..scripts import calls
+from ..sharding import base_queue
 from .batches import Batches
 from .executor import Executor, Held
 
@@ -101,8 +102,8 @@ class Slots:
         to, the batch room (a full call per slot) while a slot is free, plus the free slots
         when plain tasks send jobs there too."""
         free = self._free_slots()
-        if queue is not None and free > 0 and queue in self._batch_queues:
-            plain = free if queue in self._plain_queues else 0
+        if queue is not None and free > 0 and base_queue(queue) in self._batch_queues:
+            plain = free if base_queue(queue) in self._plain_queues else 0
             free = plain + self.batches.room()
         if self.max_jobs is not None:  # never lease more than it will run
             free = min(free, self.max_jobs - self.processed - len(self.held))

@@ -12,7 +12,7 @@ The builders live by script family, and every name is importable from here:
 - :mod:`.running`: ``cancel``, ``progress``, ``step`` (about a running job)
 - :mod:`.dead`: ``requeue_dead``, ``purge_dead``
 - :mod:`.workflow`: ``workflow_enqueue``, ``workflow_release``, ``workflow_settle``
-- :mod:`.limits`: ``set_limits`` (flow control)
+- :mod:`.limits`: ``set_limits``, ``shard_allot`` (flow control)
 - :mod:`.waits`: ``wait``, ``signal``, ``resume`` (durable waits)
 """
 
@@ -21,7 +21,7 @@ from .. import Arg, ScriptCall
 from ..signatures import ARGV, ITEMS, KEYS
 from .dead import purge_dead, requeue_dead
 from .enqueue import Claim, JobSpec, enqueue
-from .limits import set_limits
+from .limits import Share, set_limits, shard_allot
 from .running import (
     CANCELLABLE,
     STEP_CANCELLING,
@@ -112,6 +112,7 @@ __all__ = [
     "NodeSpec",
     "Outcome",
     "ScriptCall",
+    "Share",
     "WorkflowHome",
     "cancel",
     "enqueue",
@@ -126,6 +127,7 @@ __all__ = [
     "requeue_dead",
     "resume",
     "set_limits",
+    "shard_allot",
     "signal",
     "step",
     "wait",

@@ -66,6 +66,7 @@ class Fetched:
     held: bool = False  # limits held back ready jobs (they start when a limit frees)
     offered: int = 0  # free slots the fetch registered the worker as a waiter with
     expired: list[str] = field(default_factory=list)  # jobs that ended expired meanwhile
+    top: int | None = None  # the highest priority with ready jobs left (None: none, unknown)
 
 
 def _float(value: Any, default: float = 0.0) -> float:
@@ -125,7 +126,7 @@ def _leased_checked(f: Sequence[Any]) -> Leased:
 
 
 def _parse_fetch(reply: list[Any]) -> Fetched:
-    now, next_due, dead, flat, trimmed, held, expired = reply
+    now, next_due, dead, flat, trimmed, held, expired, top = reply
     return Fetched(
         now_ms=float(now),
         next_due_ms=float(next_due) if next_due not in (b"", "") else None,
@@ -134,6 +135,7 @@ def _parse_fetch(reply: list[Any]) -> Fetched:
         trimmed=[_text(t) for t in trimmed],
         held=bool(int(held)),
         expired=[_text(e) for e in expired],
+        top=_int(top, -1) if top not in (b"", "") else None,
     )
 
 

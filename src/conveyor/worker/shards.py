@@ -1,0 +1,86 @@
+"""The worker's side of sharded queues (:mod:`conveyor.sharding`): which shards it serves,
+and the rebalancing of each sharded queue's concurrency cap.
+
+At start the worker serves every shard of its queues that may hold jobs; this loop looks
+at the layouts again every :data:`LOOK_SECONDS` and hands new shards to the worker (a
+count raised while it runs), and every :data:`ROUND_SECONDS` runs a rebalancing round of
+each sharded queue (only one worker's round runs at a time: the others find the lock
+taken). A failed look or round is logged and tried at the next tick: until then the
+shards keep the shares they have, which never add up to more than the cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .. import sharding
+from .backoff import REDIS_ERRORS
+
+if TYPE_CHECKING:
+    from ..app import Conveyor
+
+log = logging.getLogger("conveyor.worker")
+LOOK_SECONDS = 2.0  # how often the layouts are read again (new shards are served then)
+ROUND_SECONDS = 0.25  # how often a sharded queue's cap is shared out again
+
+
+class ShardWatch:
+    """Knows the shards of ``bases`` a worker serves.
+
+    :param bases: the queues the worker was asked to serve
+    :param on_new: called with shards to serve from now on (in the order found)
+    """
+
+    def __init__(self, app: Conveyor, client: Any, runner: Any, bases: Sequence[str],
+                 on_new: Callable[[list[str]], None]) -> None:
+        self._app = app
+        self._client = client
+        self._runner = runner
+        self._bases = list(bases)
+        self._on_new = on_new
+        self.served: dict[str, list[str]] = {q: [q] for q in self._bases}
+
+    async def look(self) -> None:
+        """Read the layouts; hand the shards not served yet to the worker."""
+        found = await sharding.aserved(self._app, self._client, self._bases)
+        new: list[str] = []
+        for queue, shards in found.items():
+            known = self.served[queue]
+            fresh = [s for s in shards if s not in known]
+            if fresh:
+                known.extend(fresh)
+                new.extend(fresh)
+        if new:
+            log.info("serving shard(s) %s as well", ", ".join(new))
+            self._on_new(new)
+
+    async def first_look(self) -> None:
+        """The look at start (a failure is logged: the loop looks again soon)."""
+        try:
+            await self.look()
+        except REDIS_ERRORS as exc:
+            log.warning("could not read the layouts of %s (%s: %s); serving the queues"
+                        " alone until the next look", ", ".join(self._bases),
+                        type(exc).__name__, exc)
+
+    async def run(self) -> None:
+        """Look at the layouts and share the caps out, for the worker's whole life."""
+        looked = time.monotonic()
+        while True:
+            await asyncio.sleep(ROUND_SECONDS)
+            try:
+                if time.monotonic() - looked >= LOOK_SECONDS:
+                    looked = time.monotonic()
+                    await self.look()
+                for queue, shards in self.served.items():
+                    if len(shards) > 1:
+                        await sharding.rebalance(self._app, self._client, self._runner,
+                                                 queue, shards)
+            except REDIS_ERRORS as exc:
+                log.warning("could not look after the shards of %s (%s: %s); trying again in"
+                            " %.2f s", ", ".join(self._bases), type(exc).__name__, exc,
+                            ROUND_SECONDS)
