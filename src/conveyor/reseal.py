@@ -121,7 +121,8 @@ def _one(app: Conveyor, key: str, report: ResealReport) -> None:
 
 def reseal(app: Conveyor, queue: str, on_record: Callable[[int], Any] | None = None
            ) -> ResealReport:
-    """Seal every sealed value of ``queue``'s job records under the current key.
+    """Seal every sealed value of ``queue``'s job records under the current key (every
+    shard's, for a sharded queue).
 
     :param on_record: called with the number of records read so far (a progress bar)
     :raises ConfigurationError: the app has no encryption keys
@@ -130,18 +131,20 @@ def reseal(app: Conveyor, queue: str, on_record: Callable[[int], Any] | None = N
         raise ConfigurationError("reseal needs the app's encryption keys (--app MODULE:APP"
                                  " of an app made with encryption=...)")
     report = ResealReport()
-    prefix = app.keys(queue).job("")
-    for raw in app.redis.scan_iter(match=_glob_escape(prefix) + "*", count=SCAN_COUNT):
-        key = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if ":" in key[len(prefix):]:
-            continue  # a key under the record's name (none today), not a record
-        report.records += 1
-        try:
-            _one(app, key, report)
-        except Unsealable as exc:
-            report.unreadable[key[len(prefix):]] = str(exc)
-        if on_record is not None:
-            on_record(report.records)
+    for shard in app.queue(queue).served():
+        prefix = app.keys(shard).job("")
+        for raw in app.redis.scan_iter(match=_glob_escape(prefix) + "*", count=SCAN_COUNT):
+            key = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if ":" in key[len(prefix):]:
+                continue  # a key under the record's name (none today), not a record
+            report.records += 1
+            try:
+                _one(app, key, report)
+            except Unsealable as exc:
+                report.unreadable[keyspace.job_id(shard, key[len(prefix):])
+                                  if shard != queue else key[len(prefix):]] = str(exc)
+            if on_record is not None:
+                on_record(report.records)
     return report
 
 

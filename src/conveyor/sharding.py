@@ -169,7 +169,22 @@ class Layouts:
         known = self._known.get(queue)
         return known[1] if known is not None else Layout(queue, (queue,))
 
+    def due(self, queue: str) -> bool:
+        """Whether the layout of ``queue`` should be read again (see :meth:`learn`)."""
+        return self._fresh(queue) is None
+
+    def learn(self, queue: str, raw: Any) -> None:
+        """Keep the layout read by a send's own pipeline (an error reply: none learnt)."""
+        if isinstance(raw, dict):
+            self._learn(queue, raw)
+
+    def peek(self, queue: str) -> Layout:
+        """The layout last read, however old, without I/O (never read: the queue alone)."""
+        known = self._known.get(queue)
+        return known[1] if known is not None else Layout(queue, (queue,))
+
     def get(self, queue: str) -> Layout:
+        """The layout of ``queue``, read again when :data:`LAYOUT_TTL` old."""
         layout = self._fresh(queue)
         if layout is not None:
             return layout
@@ -190,6 +205,9 @@ class Layouts:
 
     def forget(self, queue: str) -> None:
         self._known.pop(queue, None)
+
+    def known(self, queue: str) -> bool:
+        return queue in self._known
 
     def place(self, layout: Layout, tenant: str | None, key: str | None) -> str:
         return place(layout, tenant, key, next(self._turn))
@@ -308,7 +326,7 @@ def set_shards(app: Conveyor, queue: str, count: int) -> Layout:
                 pipe.execute()
             except WatchError:
                 continue
-        app._layouts.forget(queue)
+        app._layouts.learn(queue, _fields(new))
         spread_rate(app, new)
         return new
     raise RuntimeError(f"the layout of queue {queue} kept changing under set_shards; try again")
@@ -351,7 +369,6 @@ def write_global(app: Conveyor, layout: Layout) -> None:
     app.redis.hset(app.keys(layout.queue).shards, mapping={
         "concurrency": "" if layout.concurrency is None else str(layout.concurrency),
         "rate": "" if layout.rate is None else repr(layout.rate)})
-    app._layouts.forget(layout.queue)
 
 
 # -- rebalancing the concurrency cap (workers) -------------------------------------------

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ENQUEUE_CHUNK", "Arguments", "Plan", "RedisSender", "Sender", "Sent", "Stored",
            "aenqueue", "astore_workflow", "encoded", "enqueue", "enqueue_child", "job_spec",
-           "new_short_id", "new_short_ids", "plan", "seal_args", "store", "store_workflow"]
+           "new_short_id", "new_short_ids", "plan", "seal_args", "shard_for", "store",
+           "store_workflow"]
 
 # Jobs per script call; a bulk enqueue pipelines its chunks. As many as fit in
 # MAX_COMMAND_ARGS (3,999): 7 words of EVALSHA and the transport, 26 keys and 24 fixed
@@ -267,9 +268,18 @@ def _placed(task: Task[Any, Any], arguments: Sequence[Arguments], layout: Layout
 def _layout(task: Task[Any, Any], claim: calls.Claim | None) -> Layout | None:
     """The layout of the task's queue, when its jobs may be spread (a periodic tick's
     claim and the inline runner of conveyor.testing keep them on the queue itself)."""
-    if claim is not None or not isinstance(task.app._sender, RedisSender):
+    app = task.app
+    if claim is not None or not isinstance(app._sender, RedisSender):
         return None
-    return task.app._layouts.get(task.queue)
+    if not app._layouts.known(task.queue) and task.queue not in app._registered_queues:
+        # The send registers the queue, and reads its layout in the same round trip.
+        return app._layouts.peek(task.queue)
+    return app._layouts.get(task.queue)
+
+
+def shard_for(task: Task[Any, Any]) -> str:
+    """The queue (or shard of it) one job of ``task`` goes to now."""
+    return _placed(task, [((), {})], _layout(task, None))[0][0]
 
 
 def enqueue(task: Task[Any, Any], arguments: Sequence[Arguments],
@@ -296,7 +306,9 @@ async def aenqueue(task: Task[Any, Any], arguments: Sequence[Arguments],
     with _hooks(app, task, len(arguments), claim) as meta:
         layout = None
         if claim is None and isinstance(app._sender, RedisSender):
-            layout = await app._layouts.aget(task.queue)
+            layout = (app._layouts.peek(task.queue) if not app._layouts.known(task.queue)
+                      and task.queue not in app._registered_queues
+                      else await app._layouts.aget(task.queue))
         placed = _placed(task, arguments, layout)
         if len(placed) == 1:
             p = plan(task, arguments, meta=meta, claim=claim, queue=placed[0][0])

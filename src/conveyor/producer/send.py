@@ -23,6 +23,7 @@ from ..errors import ConfigurationError, NotReplicated, PartialEnqueue
 from ..job import Job
 from ..scripts import ScriptCall, plain
 from ..scripts.resend import aresend, resend
+from ..sharding import base_queue
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -113,14 +114,14 @@ class RedisSender:
         round trip; the same requests again until answered: each chunk is stored once."""
         app, queue, chunks = self.app, plan.queue, plan.chunks()
         wait = [("WAIT", app.durable_replicas, max(1, int(app.durable_timeout * 1000)))]
+        before = _registration(app, queue)
         try:
             replies = resend(lambda: app.scripts.send_all(
-                chunks, before=[_registration(app, queue)],
-                after=wait if plan.durable else ()), RESOLVE_SECONDS)
+                chunks, before=before, after=wait if plan.durable else ()), RESOLVE_SECONDS)
         except plain.BROKEN as exc:
             raise _unconfirmed(app, queue, [], chunks, exc) from exc
         acked: Any = replies.pop() if plan.durable else 0
-        stored = _stored(app, queue, chunks, replies)
+        stored = _stored(app, queue, chunks, _learnt(app, queue, before, replies))
         app._registered_queues.add(queue)
         if plan.durable and (isinstance(acked, Exception) or int(acked) < app.durable_replicas):
             confirmed = 0 if isinstance(acked, Exception) else int(acked)
@@ -174,12 +175,12 @@ class RedisSender:
         """Async twin of :meth:`_send_pipelined` (never durable: see :meth:`asend`)."""
         app, queue, chunks = self.app, plan.queue, plan.chunks()
         runner = app.ascripts()
+        before = _registration(app, queue)
         try:
-            replies = await aresend(lambda: runner.send_all(
-                chunks, [_registration(app, queue)]), RESOLVE_SECONDS)
+            replies = await aresend(lambda: runner.send_all(chunks, before), RESOLVE_SECONDS)
         except plain.BROKEN as exc:
             raise _unconfirmed(app, queue, [], chunks, exc) from exc
-        stored = _stored(app, queue, chunks, replies)
+        stored = _stored(app, queue, chunks, _learnt(app, queue, before, replies))
         app._registered_queues.add(queue)
         return stored
 
@@ -259,8 +260,30 @@ def _single_found(plan: Plan, found: Any, error: BaseException) -> Stored:
     raise error
 
 
-def _registration(app: Conveyor, queue: str) -> tuple[str, str, str]:
-    return ("SADD", keyspace.queues_key(app.namespace), queue)
+def _registration(app: Conveyor, queue: str) -> list[tuple[str, ...]]:
+    """The commands a pipelined send begins with: the queue's registration in the index of
+    queues, then, when due, the read of its layout (:mod:`conveyor.sharding`)."""
+    commands: list[tuple[str, ...]] = [("SADD", keyspace.queues_key(app.namespace), queue)]
+    base = base_queue(queue)
+    if app._layouts.due(base):
+        commands.append(("HGETALL", app.keys(base).shards))
+    return commands
+
+
+def _learnt(app: Conveyor, queue: str, before: list[tuple[str, ...]], replies: list[Any]
+            ) -> list[Any]:
+    """The replies of a pipelined send without the layout's, which is kept."""
+    if len(before) == 1:
+        return replies
+    app._layouts.learn(base_queue(queue), _as_hash(replies[1]))
+    return [replies[0], *replies[2:]]
+
+
+def _as_hash(reply: Any) -> Any:
+    """An HGETALL reply as a dict (a pipeline of raw commands may give a flat list)."""
+    if isinstance(reply, list):
+        return dict(zip(reply[::2], reply[1::2], strict=False))
+    return reply
 
 
 def _stored(app: Conveyor, queue: str, chunks: list[ScriptCall[Stored]], replies: list[Any]

@@ -230,7 +230,8 @@ class ConveyorBackend(BaseTaskBackend):  # type: ignore[misc]
         result = results.make_result(task, "", args, kwargs, self.alias)
         # Planned (encoded) now, so an argument that cannot be fails before anything is
         # stored; the store encodes again with the meta its hooks give, under the same id.
-        planned = producer.plan(queued, [(tuple(result.args), result.kwargs)])
+        planned = producer.plan(queued, [(tuple(result.args), result.kwargs)],
+                                queue=producer.shard_for(queued))
         [job_id] = planned.job_ids
         object.__setattr__(result, "id", job_id)
         if self.on_commit and not transaction.get_autocommit():
