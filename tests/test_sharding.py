@@ -391,3 +391,45 @@ def test_limits_read_back_as_the_whole_queue_s(sapp: conveyor.Conveyor) -> None:
     q.set_limits(concurrency=None)
     assert q.limits().concurrency is None
     assert all(sapp.redis.hget(sapp.keys(s).limits, "concurrency") is None for s in q.served())
+
+
+def test_a_counter_gone_back_is_moved_past_what_the_shards_have_seen(
+        sapp: conveyor.Conveyor) -> None:
+    """The counter of rounds lives on the queue's node, each shard's newest round on its
+    own: a node restarted from an older copy gives numbers the shards refuse, and the
+    round that meets the refusal moves the counter past them."""
+    q = sapp.queue("s")
+    q.set_shards(3)
+    q.set_limits(concurrency=6)
+    shards = q.served()
+    for shard in shards:
+        sapp.scripts.run(calls.shard_allot(sapp.keys(shard), 500))
+    sapp.redis.set(sapp.keys("s").shards_epoch, 7)
+
+    async def rounds() -> list[bool]:
+        client, runner = sapp.aredis(), sapp.ascripts()
+        return [await sharding.rebalance(sapp, client, runner, "s", shards) for _ in range(2)]
+
+    assert run_async(sapp, rounds()) == [False, True]
+    assert sum(int(sapp.redis.hget(sapp.keys(s).limits, "concurrency") or 0)
+               for s in shards) == 6
+
+
+def test_growing_never_gives_the_shards_more_than_the_rate(sapp: conveyor.Conveyor) -> None:
+    q = sapp.queue("s")
+    q.set_limits(rate="12/s")
+    for count in (2, 4, 3, 6):
+        q.set_shards(count)
+        parts = [float(sapp.redis.hget(sapp.keys(s).limits, "rate") or 0) for s in q.served()]
+        assert sum(parts) == pytest.approx(12.0)
+        assert len(set(parts)) == 1
+    assert q.limits().rate == 12.0
+
+
+def test_purging_a_sharded_queue_cancels_the_ready_jobs_of_every_shard(
+        sapp: conveyor.Conveyor) -> None:
+    q = sapp.queue("s")
+    q.set_shards(3)
+    jobs = sapp.tasks["s.echo"].enqueue_many([(i,) for i in range(9)])
+    assert q.purge_ready() == 9
+    assert {j.info().state for j in jobs} == {"cancelled"}

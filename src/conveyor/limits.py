@@ -280,10 +280,13 @@ class Queue:
         would end it, so its record says what happened to it. Jobs made ready while this
         runs may be left. Returns how many were cancelled.
 
-        One read of the ready lists, then one cancel per job, sent in pipelines of
-        :data:`PURGE_CHUNK`.
+        One read of the ready lists (of each shard of a sharded queue), then one cancel per
+        job, sent in pipelines of :data:`PURGE_CHUNK`.
         """
-        k, client = self.app.keys(self.name), self.app.redis
+        return sum(self._purge_ready(shard, reason) for shard in self.served())
+
+    def _purge_ready(self, shard: str, reason: str) -> int:
+        k, client = self.app.keys(shard), self.app.redis
         ids: list[str] = []
         for priority in client.zrange(k.priorities, 0, -1):
             for tenant in dict.fromkeys(client.lrange(k.ring(_text(priority)), 0, -1)):

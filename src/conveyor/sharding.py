@@ -30,6 +30,7 @@ The layout is stored on the queue itself (``keys.shards``) and read by every pro
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -318,8 +319,10 @@ def set_shards(app: Conveyor, queue: str, count: int) -> Layout:
                 if not old.sharded:  # the queue's own limits become the whole queue's
                     own = app.queue(queue).limits()
                     new = Layout(queue, active, retired, own.concurrency, own.rate)
-                # Before any job can go there: a new shard starts with no share of the cap,
-                # its part of the rate and the tenants' limits.
+                # Before any job can go there: the shards served so far get their smaller
+                # part of the rate, then each new one the tenants' limits, no share of the
+                # cap and its part of the rate (the parts never add up to more).
+                spread_rate(app, new, old.served)
                 _prepare(app, new, [n for n in new.served if n not in old.served])
                 pipe.multi()
                 pipe.hset(k.shards, mapping=_fields(new))
@@ -327,7 +330,6 @@ def set_shards(app: Conveyor, queue: str, count: int) -> Layout:
             except WatchError:
                 continue
         app._layouts.learn(queue, _fields(new))
-        spread_rate(app, new)
         return new
     raise RuntimeError(f"the layout of queue {queue} kept changing under set_shards; try again")
 
@@ -348,19 +350,20 @@ def _prepare(app: Conveyor, layout: Layout, shards: Sequence[str]) -> None:
     changes = tenant_changes(base)
     if layout.concurrency is not None:
         changes.append(("concurrency", "0"))
+    if layout.rate is not None:
+        changes.append(("rate", repr(layout.rate / len(layout.served))))
     for shard in shards:
         app.scripts.run(calls.set_limits(app.keys(shard), changes, clear=True))
 
 
-def spread_rate(app: Conveyor, layout: Layout) -> None:
-    """Give each shard served its part of the queue's rate (lowered ones first, so that the
-    parts never add up to more than the rate)."""
+def spread_rate(app: Conveyor, layout: Layout, shards: Sequence[str] | None = None) -> None:
+    """Give each shard served (or each of ``shards``) its part of the queue's rate."""
     from .scripts import calls
 
     if not layout.sharded and layout.rate is None:
         return
     part = "" if layout.rate is None else repr(layout.rate / len(layout.served))
-    for shard in layout.served:
+    for shard in layout.served if shards is None else shards:
         app.scripts.run(calls.set_limits(app.keys(shard), [("rate", part)]))
 
 
@@ -407,27 +410,43 @@ async def rebalance(app: Conveyor, client: Any, runner: Any, queue: str,
     """One rebalancing round of ``queue``'s concurrency cap over ``served``; False when
     another round holds the lock, or a newer round overtook this one (nothing more was
     written; what was lowered stays lowered: the next round gives it back)."""
-    from .scripts import calls
-
     k = app.keys(queue)
     token = os.urandom(8).hex()
     if not await client.set(k.shards_lock, token, nx=True, px=LOCK_MS):
         return False
+    try:
+        return await _round(app, client, runner, queue, list(served))
+    finally:
+        # Let the next round start now rather than when the lock lapses (a lock taken over
+        # meanwhile may be deleted too: the epochs, not the lock, keep the rounds apart).
+        with contextlib.suppress(Exception):
+            if _text(await client.get(k.shards_lock) or b"") == token:
+                await client.delete(k.shards_lock)
+
+
+async def _round(app: Conveyor, client: Any, runner: Any, queue: str, shards: list[str]
+                 ) -> bool:
+    from .scripts import calls
+
+    k = app.keys(queue)
     epoch = int(await client.incr(k.shards_epoch))
     layout = parse_layout(queue, await client.hgetall(k.shards))
-    shards = list(served)
     read = [await runner.run(calls.shard_allot(app.keys(s), epoch)) for s in shards]
     if any(r.stale for r in read):
+        # A shard has seen a newer round than the counter gives: another round overtook
+        # this one, or the counter went back (its node restarted from an older copy, or
+        # failed over). The counter moves past it, so the next round is not refused too.
+        newest = max(r.seen for r in read)
+        if newest >= epoch:
+            await client.incrby(k.shards_epoch, newest - epoch + 1)
         return False
     cap = layout.concurrency
     if cap is None:  # the cap was removed: so are the shares
         for shard, r in zip(shards, read, strict=True):
             if r.share is not None:
                 await runner.run(calls.shard_allot(app.keys(shard), epoch, None))
-        await _unlock(client, k.shards_lock, token)
         return True
     await _share_out(app, runner, epoch, cap, shards, read)
-    await _unlock(client, k.shards_lock, token)
     return True
 
 
@@ -457,10 +476,3 @@ async def _share_out(app: Conveyor, runner: Any, epoch: int, cap: int, shards: l
                 return
             room -= give
             now[i] += give
-
-
-async def _unlock(client: Any, lock: str, token: str) -> None:
-    """Let the next round start now rather than when the lock lapses (a lock taken over
-    meanwhile may be deleted too: the epochs, not the lock, keep the rounds apart)."""
-    if _text(await client.get(lock) or b"") == token:
-        await client.delete(lock)

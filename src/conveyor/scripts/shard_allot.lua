@@ -19,8 +19,8 @@
 -- A.epoch            this round's epoch (an integer > 0)
 -- A.share            '' to read only, '-' to remove the share (no cap), else the share
 --                    wanted (an integer >= 0; the jobs running now if more)
--- Returns: {status, share ('' when none), running, ready}; status 'ok' or 'stale' (a newer
--- round has seen this shard: nothing was written)
+-- Returns: {status, share ('' when none), running, ready, the newest epoch seen}; status
+-- 'ok' or 'stale' (a newer round has seen this shard: nothing was written)
 --@include ready
 --@include flow
 
@@ -36,10 +36,10 @@ local running = tonumber(redis.call('HGET', K.counts, 'running')) or 0
 local ready = tonumber(redis.call('HGET', K.counts, 'ready')) or 0
 local now = redis.call('HGET', K.limits, 'concurrency')
 if epoch < seen then
-  return { 'stale', now or '', running, ready }
+  return { 'stale', now or '', running, ready, seen }
 end
 redis.call('SET', K.shard_epoch, epoch)
-if share == '' then return { 'ok', now or '', running, ready } end
+if share == '' then return { 'ok', now or '', running, ready, epoch } end
 local before = tonumber(now)
 if share == '-' then
   redis.call('HDEL', K.limits, 'concurrency')
@@ -52,4 +52,4 @@ if before ~= nil and (wanted == nil or wanted > before) then
   flow_unpark_all(K)
   if ready > 0 then wake_one(K.wake) end
 end
-return { 'ok', wanted and tostring(wanted) or '', running, ready }
+return { 'ok', wanted and tostring(wanted) or '', running, ready, epoch }

@@ -30,18 +30,20 @@ def set_limits(
 
 class Share(NamedTuple):
     """A shard's reply to ``shard_allot``: whether the round may write here (not ``stale``),
-    its share of the cap (None: no cap), and its jobs running and ready now."""
+    its share of the cap (None: no cap), its jobs running and ready now, and the newest
+    round it has seen."""
 
     stale: bool
     share: int | None
     running: int
     ready: int
+    seen: int
 
 
 def _parse_share(reply: Any) -> Share:
     share = _text(reply[1])
     return Share(_text(reply[0]) == "stale", int(share) if share else None, int(reply[2]),
-                 int(reply[3]))
+                 int(reply[3]), int(reply[4]))
 
 
 def shard_allot(k: QueueKeys, epoch: int, share: int | str | None = "") -> ScriptCall[Share]:
