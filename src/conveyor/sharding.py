@@ -342,7 +342,8 @@ def _fields(layout: Layout) -> dict[str, str]:
 
 
 def _prepare(app: Conveyor, layout: Layout, shards: Sequence[str]) -> None:
-    """Give new ``shards`` the queue's tenant limits and no share of its cap."""
+    """Give new ``shards`` the queue's tenant limits, no share of its cap, their part of its
+    rate, and its events stream if it has one on."""
     from .limits import tenant_changes
     from .scripts import calls
 
@@ -352,8 +353,11 @@ def _prepare(app: Conveyor, layout: Layout, shards: Sequence[str]) -> None:
         changes.append(("concurrency", "0"))
     if layout.rate is not None:
         changes.append(("rate", repr(layout.rate / len(layout.served))))
+    streaming = bool(app.redis.exists(app.keys(layout.queue).events_on))
     for shard in shards:
         app.scripts.run(calls.set_limits(app.keys(shard), changes, clear=True))
+        if streaming:  # a sink reads the queue: it reads this shard too, from its first job
+            app.redis.set(app.keys(shard).events_on, "1")
 
 
 def spread_rate(app: Conveyor, layout: Layout, shards: Sequence[str] | None = None) -> None:

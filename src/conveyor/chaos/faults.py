@@ -46,6 +46,7 @@ FAULT_KINDS = {
     "poison-hang": "a job whose sync task sleeps far past its timeout",
     "cancel": "cancel of a delayed job before it is due, and of a work job while it runs",
     "limits": "the queue's cap and tenant cap changed at runtime (or removed)",
+    "shards": "the queue spread over another count of shards (1 to 3) while jobs flow",
     "overwrite": "queue keys (wake key, metric buckets, delayed and dead sets) written over",
 }
 MIN_VICTIM_AGE = 1.5  # seconds: a worker still importing is not worth killing
@@ -115,6 +116,7 @@ class Injector:
                  proxy: Any = None,
                  cancel_running: Callable[[], str | None] = lambda: None,
                  limits: LimitsHook | None = None,
+                 shards: Callable[[int], bool] | None = None,
                  overwritten: Callable[[bool], list[str]] | None = None) -> None:
         self.target = target
         self.fleet = fleet
@@ -125,6 +127,7 @@ class Injector:
         self.stop = stop
         self.proxy = proxy
         self.limits_hook = limits
+        self.shards_hook = shards
         self.overwritten_hook = overwritten
         self.began = time.monotonic()
         self.redis_lock = threading.Lock()  # held while Redis is down (the run waits on it)
@@ -136,6 +139,7 @@ class Injector:
                 if w > 0 and (self.proxy is not None or k not in PROXY_KINDS)
                 and (k != "failover" or self.target.fails_over)
                 and (self.limits_hook is not None or k != "limits")
+                and (self.shards_hook is not None or k != "shards")
                 and (self.overwritten_hook is not None or k != "overwrite")}
 
     def inject(self, kind: str) -> Fault | None:
@@ -278,6 +282,14 @@ class Injector:
         if not self.limits_hook(cap, tenant_cap):
             return None
         return f"concurrency {cap}, tenant concurrency {tenant_cap}", 0
+
+    def _shards(self) -> tuple[str, int] | None:
+        if self.shards_hook is None:
+            return None
+        count = self.rng.choice([1, 2, 3])
+        if not self.shards_hook(count):
+            return None
+        return f"{count} shard(s)", 0
 
     def _overwrite(self) -> tuple[str, int] | None:
         """Keys of the queue written over by hand (a string where a list, a sorted set or

@@ -305,6 +305,14 @@ class Producer:
             return False
         return True
 
+    def change_shards(self, count: int) -> bool:
+        """Spread the queue over ``count`` shards; False if Redis refused."""
+        try:
+            self.tasks.app.queue(QUEUE).set_shards(count)
+        except ERRORS:
+            return False
+        return True
+
     def cancel(self) -> str | None:
         """Cancel a delayed job due in more than a second; its label, or None."""
         soon = time.monotonic() + 1.0

@@ -68,7 +68,7 @@ WEIGHTS = {
     "oom": 2.0, "proxy-blackhole": 1.5, "proxy-reset": 1.5, "lost-reply": 2.0,
     "poison-raise": 0.7,
     "poison-kill": 0.5, "poison-exit": 0.5, "poison-hang": 0.5, "cancel": 1.0, "limits": 1.0,
-    "overwrite": 1.0,
+    "shards": 1.0, "overwrite": 1.0,
     "failover": 3.0,  # a Sentinel set only
 }
 

@@ -166,7 +166,7 @@ class ChaosRun:
         injector = Injector(target, fleet, random.Random(self.seed + 1), producer.poison,
                             producer.cancel, self.stop, proxy,
                             cancel_running=producer.cancel_running,
-                            limits=producer.change_limits,
+                            limits=producer.change_limits, shards=producer.change_shards,
                             overwritten=producer.overwritten_keys)
         threads = [threading.Thread(target=producer.run, name="producer", daemon=True),
                    threading.Thread(target=self._schedule, args=(injector,), name="faults",
@@ -266,7 +266,7 @@ class ChaosRun:
         records = gather.job_records(client, tasks.app.keys, jobs)
         known = {job.short_id for _, job in jobs.values()}
         stray, counters, children = [], {}, Counter[str]()
-        for queue in QUEUES:
+        for queue in (s for q in QUEUES for s in tasks.app.queue(q).served()):
             keys = tasks.app.keys(queue)
             strays, dead = gather.stray_records(client, keys, known, children)
             stray += strays

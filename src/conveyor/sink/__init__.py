@@ -59,8 +59,10 @@ Entries = list[tuple[bytes, dict[bytes, bytes] | None]]
 def stream_events(app: Conveyor, queue: str) -> None:
     """Turn on ``queue``'s events stream: from now on every job of it that finishes is
     written there. A queue writes no events until a sink (or this call) turns them on, so
-    a deployment without a sink pays nothing for it; once on, they stay on."""
-    app.redis.set(app.keys(queue).events_on, "1")
+    a deployment without a sink pays nothing for it; once on, they stay on. Every shard
+    of a sharded queue (and each shard it gets later, see :mod:`conveyor.sharding`)."""
+    for shard in app.queue(queue).served():
+        app.redis.set(app.keys(shard).events_on, "1")
 
 
 def make_engine(url: str) -> sa.Engine:
@@ -122,7 +124,12 @@ class Sink:
     MARK_SECONDS = 60.0  # how often a running sink turns its queues' streams on again
 
     def queues(self) -> list[str]:
-        return self.fixed_queues or self.app.known_queues()
+        """The queues whose streams it reads: those it was given (with their shards), else
+        every queue the namespace has seen."""
+        if not self.fixed_queues:
+            return self.app.known_queues()
+        return [shard for queue in self.fixed_queues
+                for shard in self.app.queue(queue).served()]
 
     def _ensure(self) -> list[str]:
         if not self._table_ready:
