@@ -347,6 +347,28 @@ def test_an_operator_changes_a_queues_limits(app: conveyor.Conveyor, served: str
     assert page.locator("#flow").locator('input[name="concurrency"]').first.input_value() == "12"
 
 
+def test_a_sharded_queue_shows_its_shards_and_their_jobs(app: conveyor.Conveyor, served: str,
+                                                         page: Any) -> None:
+    @app.task(queue="fan")
+    def noop(i: int) -> None:
+        return None
+
+    app.queue("fan").set_shards(3)
+    noop.enqueue_many([(i,) for i in range(9)])
+    page.goto(served + "/queues/fan")
+    assert page.locator("[data-f='backlog.ready']").inner_text() == "9"
+    rows = page.locator("#shards tbody tr")
+    assert rows.count() == 3
+    assert [rows.nth(i).locator("td").first.inner_text() for i in range(3)] == [
+        "fan", "fan~1", "fan~2"]
+    assert sum(int(rows.nth(i).locator("td").nth(2).inner_text()) for i in range(3)) == 9
+    burst(app, ["fan"])
+    page.goto(served + "/queues/fan")
+    page.locator("[data-f='stats.throughput']").wait_for()
+    wait_until(lambda: page.locator("[data-f='backlog.ready']").inner_text() == "0", 15,
+               message="the ready count to drop to 0")
+
+
 def test_jobs_no_fetch_has_seen_yet_show_as_new(app: conveyor.Conveyor, served: str,
                                                page: Any) -> None:
     @app.task(name="intake.scan", queue="intake")

@@ -14,6 +14,7 @@ from . import flow as _flow  # noqa: F401
 from . import inspect as _inspect  # noqa: F401
 from . import observe as _observe  # noqa: F401
 from . import reseal as _reseal  # noqa: F401
+from . import shards as _shards  # noqa: F401
 from . import top as _top  # noqa: F401
 from . import waits as _waits  # noqa: F401
 from . import worker as _worker  # noqa: F401

@@ -64,10 +64,11 @@ BACKLOG_COLUMNS = [Column("queue", NAME), Column("ready"), Column("held"),
                    Column("scheduled"), Column("active"), Column("suspended"), Column("dead")]
 
 
-def backlog_view(app: Conveyor, queues: list[str]) -> RenderableType:
+def backlog_view(app: Conveyor, queues: list[str], by_shard: bool = False) -> RenderableType:
+    """The backlog of ``queues``: a sharded queue's summed, or each shard's."""
     rows = []
-    for queue in queues:
-        b = app.monitor.backlog(queue)
+    for queue, state in app.monitor.queue_states(queues, shards=by_shard).items():
+        b = state.backlog
         rows.append([queue, str(b.ready), str(b.held), str(b.scheduled), str(b.active),
                      str(b.suspended), str(b.dead)])
     return view(console, "backlog (jobs)", BACKLOG_COLUMNS, rows)
@@ -77,21 +78,28 @@ def backlog_view(app: Conveyor, queues: list[str]) -> RenderableType:
 @click.option("-q", "--queue", help="Only this queue.")
 @click.option("-t", "--task", help="Only this task type.")
 @click.option("-w", "--window", default=300.0, show_default=True, help="Seconds to look back.")
+@click.option("--shards", "by_shard", is_flag=True,
+              help="One row per shard of a sharded queue (default: its shards summed).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @app_options
-def stats(app: Conveyor, queue: str | None, task: str | None, window: float,
+def stats(app: Conveyor, queue: str | None, task: str | None, window: float, by_shard: bool,
           as_json: bool) -> None:
-    """Throughput, failures and wait/run percentiles per task type over a window."""
+    """Throughput, failures and wait/run percentiles per task type over a window.
+
+    A sharded queue shows once, its figures summed over its shards (its percentiles from
+    their histograms merged); --shards shows each shard apart, and a shard's own name
+    (QUEUE~N) given to --queue that shard alone."""
     if queue is not None:
         known_queue(app, queue)
-    rows = [s for s in app.monitor.stats_by_task(queue, window) if task in (None, s.task)]
+    queues = [queue] if queue else app.monitor.queue_names()
+    rows = [s for s in app.monitor.stats_by_task(queue, window, shards=by_shard)
+            if task in (None, s.task)]
     total = app.monitor.stats(task=task, queue=queue, window=window)
     if as_json:
         click.echo(json.dumps({"total": plain(total), "tasks": plain(rows)}, indent=2))
         return
     console.print(stats_view([*rows, total], f"last {duration(window)}"))
-    queues = [queue] if queue else app.known_queues()
-    console.print(backlog_view(app, queues))
+    console.print(backlog_view(app, queues, by_shard))
     held = held_rows(app, queues)
     if held:
         console.print(view(console, "held by limits (jobs)", HELD_COLUMNS, held))
@@ -237,12 +245,18 @@ def report(db: str, table: str, since: str | None, as_json: bool) -> None:
               help="Address to bind (loopback, like the dashboard; 0.0.0.0 for every"
                    " interface, for a Prometheus on another host).")
 @click.option("-q", "--queue", "queues", multiple=True, help="Queue (default: all, as seen).")
+@click.option("--shards", "by_shard", is_flag=True,
+              help="Report each shard of a sharded queue apart (default: summed).")
 @app_options
-def metrics(app: Conveyor, port: int, addr: str, queues: tuple[str, ...]) -> None:
-    """Serve Prometheus metrics on http://ADDR:PORT/metrics, read from Redis per scrape."""
+def metrics(app: Conveyor, port: int, addr: str, queues: tuple[str, ...],
+            by_shard: bool) -> None:
+    """Serve Prometheus metrics on http://ADDR:PORT/metrics, read from Redis per scrape.
+
+    A sharded queue is reported under its own name, summed over its shards (--shards: each
+    shard apart, under its own name)."""
     from ..monitor.prometheus import serve
 
-    serve(app, port, addr, list(queues) or None)
+    serve(app, port, addr, list(queues) or None, by_shard)
     click.echo(f"serving metrics on http://{addr}:{port}/metrics", err=True)
     try:
         while True:

@@ -51,7 +51,7 @@ def task_rows(app: Conveyor, window: float) -> list[dict[str, Any]]:
     return rows
 
 
-def top_view(app: Conveyor, window: float) -> Group:
+def top_view(app: Conveyor, window: float, by_shard: bool = False) -> Group:
     """One frame of ``conveyor top``."""
     cells = []
     for r in task_rows(app, window):
@@ -65,7 +65,7 @@ def top_view(app: Conveyor, window: float) -> Group:
     stamp = dt.datetime.now(dt.UTC).strftime("%H:%M:%S")
     header = Text(f"conveyor top · {app.namespace} · {len(workers)} worker(s) · {stamp} UTC"
                   " · q quits", overflow="ellipsis", no_wrap=True)
-    return Group(header, backlog_view(app, app.known_queues()),
+    return Group(header, backlog_view(app, app.monitor.queue_names(), by_shard),
                  view(console, f"task types (last {duration(window)})", TASK_COLUMNS, cells))
 
 
@@ -102,18 +102,23 @@ def quit_pressed(timeout: float, reading: bool) -> bool:
 @click.option("-n", "--iterations", default=0, help="Stop after N frames (0: until q).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one frame as JSON (backlog per queue, task types) and exit.")
+@click.option("--shards", "by_shard", is_flag=True,
+              help="Backlog of each shard of a sharded queue (default: its shards summed).")
 @app_options
-def top(app: Conveyor, interval: float, window: float, iterations: int, as_json: bool) -> None:
+def top(app: Conveyor, interval: float, window: float, iterations: int, as_json: bool,
+        by_shard: bool) -> None:
     """Live view: backlog, active and idle task types, throughput, waits and runs.
-    q or Ctrl-C quits."""
+    q or Ctrl-C quits. A sharded queue shows once, its figures summed over its shards."""
     if as_json:
-        backlog = {q: plain(app.monitor.backlog(q)) for q in app.known_queues()}
+        backlog = {q: plain(s.backlog)
+                   for q, s in app.monitor.queue_states(shards=by_shard).items()}
         click.echo(json.dumps({"backlog": backlog, "tasks": plain(task_rows(app, window))},
                               indent=2))
         return
     frames = 0
-    with keys() as reading, Live(top_view(app, window), console=console, auto_refresh=False,
-                                 screen=reading, vertical_overflow="crop") as live:
+    with keys() as reading, Live(top_view(app, window, by_shard), console=console,
+                                 auto_refresh=False, screen=reading,
+                                 vertical_overflow="crop") as live:
         try:
             while True:
                 frames += 1
@@ -121,6 +126,6 @@ def top(app: Conveyor, interval: float, window: float, iterations: int, as_json:
                     break
                 if quit_pressed(interval, reading):
                     break
-                live.update(top_view(app, window), refresh=True)
+                live.update(top_view(app, window, by_shard), refresh=True)
         except KeyboardInterrupt:
             pass

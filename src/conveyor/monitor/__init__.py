@@ -12,12 +12,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING
 
+from .. import sharding
 from ..clock import server_now
 from ..fleet import published
 from ..fleet.published import SupervisorRecord
 from ..worker import registry
 from ..worker.registry import WorkerInfo
-from .activity import TaskActivity, read_activity
+from . import shards as sharded
+from .activity import TaskActivity, fold_activity, read_activity
 from .advice import Advice, decide
 from .flow import FlowState, read_flow
 from .lists import (
@@ -26,12 +28,13 @@ from .lists import (
     ScheduleRow,
     Tenants,
     read_job_detail,
-    read_jobs,
     read_schedules,
+    read_shards_jobs,
     read_tenants,
 )
 from .overview import BucketCache, Overview, QueueOverview, read_overview
 from .series import Series, build_series
+from .shards import ShardState, read_shard_states
 from .stats import (
     Backlog,
     QueueState,
@@ -50,8 +53,8 @@ if TYPE_CHECKING:
 RUN_TIME_LOOKBACK = 3600.0  # seconds of history advice falls back on for the run time
 
 __all__ = ["Advice", "Backlog", "JobDetail", "JobPage", "Monitor", "Overview", "QueueOverview",
-           "QueueState", "ScheduleRow", "Series", "Stats", "SupervisorRecord", "TaskActivity",
-           "Tenants", "Timing", "WorkerInfo"]
+           "QueueState", "ScheduleRow", "Series", "ShardState", "Stats", "SupervisorRecord",
+           "TaskActivity", "Tenants", "Timing", "WorkerInfo"]
 
 
 class Monitor:
@@ -68,19 +71,53 @@ class Monitor:
         return self._cache
 
     def overview(self, spark_window: float = 600, window: float = 60,
-                 target_wait: float = 10) -> Overview:
+                 target_wait: float = 10, shards: bool = False) -> Overview:
         """Every known queue with its backlog, stats over ``window`` seconds, a sparkline
         series over ``spark_window`` and advice; the activity of every task type; the live
         workers. Three round trips (plus the flow read of queues with limits); closed
         metric buckets are kept in memory and not read again.
+
+        :param shards: list each shard of a sharded queue apart (default: a sharded queue
+            once, its figures summed over its shards, see :mod:`.shards`)
         """
         return read_overview(self.app, self._closed_buckets(), spark_window, window,
-                             target_wait)
+                             target_wait, shards)
+
+    # -- queues and their shards -----------------------------------------------------------
+
+    def queue_names(self) -> list[str]:
+        """Every known queue, a sharded one once (under its own name), sorted."""
+        return list(sharded.group(self.app.known_queues()))
+
+    def shards_of(self, queue: str) -> list[str]:
+        """The shards of ``queue`` that ever held a job, the queue itself first (``[queue]``
+        for a queue never sharded, or for a shard's own name)."""
+        return self._groups([queue])[queue]
+
+    def _groups(self, queues: list[str] | None, shards: bool = False
+                ) -> dict[str, list[str]]:
+        """Queue -> its shards, for ``queues`` (default: every known queue); with
+        ``shards``, each shard -> itself alone. One read of the index of queues."""
+        known = self.app.known_queues()
+        if queues is None:
+            groups = sharded.group(known)
+        else:
+            groups = {q: sharded.members(q, known) for q in queues}
+        if shards:
+            return {s: [s] for members in groups.values() for s in members}
+        return groups
+
+    def shard_states(self, queue: str, window: float = 60) -> list[ShardState]:
+        """Each shard of ``queue`` that may hold jobs (active, retired, or named by the
+        index of queues) with its backlog, jobs running, share of the cap and part of the
+        rate, and its throughput and wait p95 over ``window`` seconds."""
+        return read_shard_states(self.app, queue, window)
 
     def tenants(self, queue: str, most: int = 25, top: int = 10) -> Tenants:
         """Ready jobs of ``queue`` per priority level and tenant (the first ``most``
         tenants of each level in turn order) and the ``top`` largest shown."""
-        return read_tenants(self.app, queue, most, top)
+        parts = [read_tenants(self.app, s, most, top) for s in self.shards_of(queue)]
+        return sharded.merge_tenants(parts, most, top)
 
     def jobs(self, queue: str, state: str, offset: int = 0, limit: int = 50) -> JobPage:
         """A page of the ``scheduled`` (soonest first), ``active`` or ``dead`` (newest
@@ -88,7 +125,7 @@ class Monitor:
 
         :raises KeyError: ``state`` is none of those
         """
-        return read_jobs(self.app, queue, state, offset, limit)
+        return read_shards_jobs(self.app, queue, self.shards_of(queue), state, offset, limit)
 
     def schedules(self, now: float | None = None) -> list[ScheduleRow]:
         """The app's periodic jobs with their next fire and last fired tick (None until a
@@ -103,13 +140,14 @@ class Monitor:
         from the same buckets and histograms as :meth:`stats`."""
         now = server_now(self.app.redis)
         starts = bucket_starts(now, window, self.app.limits.bucket_seconds)
-        keys = {queue: self.app.keys(queue)}
-        buckets = self._closed_buckets().read(self.app.redis, keys, starts, now)[queue]
+        keys = {s: self.app.keys(s) for s in self.shards_of(queue)}
+        read = self._closed_buckets().read(self.app.redis, keys, starts, now)
+        buckets = [b or {} for b in sharded.merge_buckets(list(read.values()))]
         return build_series(starts, buckets, self.app.limits.bucket_seconds, points)
 
     def _queues_of(self, task: str) -> list[str]:
         known = self.app.tasks.get(task)
-        return [known.queue] if known else self.app.known_queues()
+        return self.shards_of(known.queue) if known else self.app.known_queues()
 
     def active(self, task: str) -> int:
         """How many jobs of ``task`` are leased to workers now (never negative)."""
@@ -150,19 +188,29 @@ class Monitor:
     def flow(self, queue: str) -> FlowState:
         """``queue``'s limits, running counts and the ready jobs its limits hold back now,
         per tenant too."""
-        return read_flow(self.app.redis, self.app.keys(queue))
+        members = self.shards_of(queue)
+        parts = [read_flow(self.app.redis, self.app.keys(s)) for s in members]
+        if len(parts) == 1:
+            return parts[0]
+        return sharded.merge_flows(queue, parts, sharding.read_layout(self.app, queue))
 
     def _stat_queues(self, task: str | None, queue: str | None) -> list[str]:
         if queue is not None:
             return [queue]
-        return self._queues_of(task) if task is not None else self.app.known_queues()
+        known = self.app.tasks.get(task) if task is not None else None
+        return [known.queue] if known else self.queue_names()
 
-    def _windows(self, queues: list[str], window: float
+    def _windows(self, groups: dict[str, list[str]], window: float
                  ) -> tuple[float, float, dict[str, dict[str, TaskWindow]]]:
+        """Per queue of ``groups`` (queue -> its shards), its windows summed over its
+        shards."""
         now = server_now(self.app.redis)
         width = self.app.limits.bucket_seconds
         starts = bucket_starts(now, window, width)
-        by_queue = read_windows(self.app.redis, {q: self.app.keys(q) for q in queues}, starts)
+        keys = {s: self.app.keys(s) for members in groups.values() for s in members}
+        by_shard = read_windows(self.app.redis, keys, starts)
+        by_queue = {q: sharded.merge_parts(by_shard[s] for s in members)
+                    for q, members in groups.items()}
         return now, now - starts[0], by_queue
 
     def stats(self, task: str | None = None, queue: str | None = None,
@@ -175,43 +223,70 @@ class Monitor:
         :param window: seconds to look back (at most ``limits.bucket_ttl`` is kept)
         """
         queues = self._stat_queues(task, queue)
-        now, span, by_queue = self._windows(queues, window)
+        now, span, by_queue = self._windows(self._groups(queues), window)
         total = TaskWindow()
         for windows in by_queue.values():
             for name, part in windows.items():
                 if task is None or name == task:
                     total.merge(part)
         backlog = Backlog()
-        for q in queues:
-            backlog = backlog + self.backlog(q)
+        for state in self.queue_states(queues).values():
+            backlog = backlog + state.backlog
         return build(task, queue, window, span, now, total, backlog)
 
-    def stats_by_task(self, queue: str | None = None, window: float = 300) -> list[Stats]:
+    def stats_by_task(self, queue: str | None = None, window: float = 300,
+                      shards: bool = False) -> list[Stats]:
         """One :class:`Stats` per (queue, task type) seen in the window, sorted; each
-        carries its queue's backlog."""
-        queues = self._stat_queues(None, queue)
-        now, span, by_queue = self._windows(queues, window)
+        carries its queue's backlog.
+
+        :param shards: one per (shard, task type) of a sharded queue (default: its shards
+            summed)
+        """
+        groups = self._groups(self._stat_queues(None, queue), shards)
+        now, span, by_queue = self._windows(groups, window)
+        states = self.queue_states(list(groups), shards=shards)
         out = []
-        for q in queues:
+        for q in groups:
             windows = by_queue[q]
             if not windows:
                 continue
-            backlog = self.backlog(q)
+            backlog = states[q].backlog
             for name in sorted(windows):
                 out.append(build(name, q, window, span, now, windows[name], backlog))
         return out
 
-    def activity(self, queue: str | None = None) -> list[TaskActivity]:
+    def activity(self, queue: str | None = None, shards: bool = False) -> list[TaskActivity]:
         """Every task type known to the app or seen by the queues: active now, last finish,
-        idle against its threshold. Sorted by queue, then task (one round trip)."""
-        queues = [queue] if queue is not None else self.app.known_queues()
-        return read_activity(self.app, queues, server_now(self.app.redis))
+        idle against its threshold. Sorted by queue, then task (one round trip).
 
-    def queue_states(self, queues: list[str] | None = None) -> dict[str, QueueState]:
+        :param shards: rows per shard of a sharded queue (default: its shards summed)
+        """
+        groups = self._groups(None if queue is None else [queue], shards)
+        now = server_now(self.app.redis)
+        rows = read_activity(self.app, [s for members in groups.values() for s in members],
+                             now)
+        return fold_activity(self.app, groups, rows, now)
+
+    def queue_states(self, queues: list[str] | None = None, shards: bool = False
+                     ) -> dict[str, QueueState]:
         """Backlog and pause of each of ``queues`` (default: every known queue), in one
-        round trip (plus the flow-control read of a queue with limits or a pause)."""
-        names = queues if queues is not None else self.app.known_queues()
-        return read_states(self.app.redis, {q: self.app.keys(q) for q in names})
+        round trip (plus the flow-control read of a queue with limits or a pause).
+
+        :param shards: one entry per shard of a sharded queue (default: one per queue, its
+            backlog summed over its shards and paused as the queue itself is)
+        """
+        groups = self._groups(queues)
+        names = [s for members in groups.values() for s in members]
+        states = read_states(self.app.redis, {s: self.app.keys(s) for s in names})
+        if shards:
+            return states
+        out = {}
+        for q, members in groups.items():
+            backlog = Backlog()
+            for s in members:
+                backlog = backlog + states[s].backlog
+            out[q] = QueueState(q, backlog, states[members[0]].paused)
+        return out
 
     def job_detail(self, job_id: str) -> JobDetail:
         """A job's record with its decoded arguments and its workflow (one read).

@@ -75,3 +75,23 @@ def read_activity(app: Conveyor, queues: list[str], now: float) -> list[TaskActi
         active, idle = running(next(replies)), finished(next(replies))
         out.extend(task_activity(app, queue, active, idle, now))
     return out
+
+
+def fold_activity(app: Conveyor, groups: dict[str, list[str]], rows: list[TaskActivity],
+                  now: float) -> list[TaskActivity]:
+    """Activity rows of shards (``rows``, by shard) as rows of their queues (``groups``:
+    queue -> shards): jobs running summed, the latest finish kept."""
+    by_shard: dict[str, list[TaskActivity]] = {}
+    for row in rows:
+        by_shard.setdefault(row.queue, []).append(row)
+    out = []
+    for queue, members in groups.items():
+        active: dict[str, int] = {}
+        idle: dict[str, float] = {}
+        for shard in members:
+            for row in by_shard.get(shard, []):
+                active[row.task] = active.get(row.task, 0) + row.active
+                if row.idle_since is not None:
+                    idle[row.task] = max(idle.get(row.task, row.idle_since), row.idle_since)
+        out.extend(task_activity(app, queue, active, idle, now))
+    return out

@@ -137,6 +137,59 @@ def read_jobs(app: Conveyor, queue: str, state: str, offset: int = 0,
     return JobPage(queue, state, int(total), offset, limit, jobs)
 
 
+def read_shards_jobs(app: Conveyor, queue: str, shards: list[str], state: str,
+                     offset: int = 0, limit: int = 50) -> JobPage:
+    """A page of the jobs of a queue spread over ``shards``, in the order of
+    :func:`read_jobs` across them all: the first ``offset + limit`` of each shard are read
+    (with their times), merged, and the page's records read; a suspended page walks the
+    shards one after another.
+
+    :raises KeyError: ``state`` is not scheduled, active, suspended or dead
+    """
+    name = JOB_LISTS[state]
+    if len(shards) == 1:
+        return read_jobs(app, shards[0], state, offset, limit)
+    if state == "suspended":
+        return _suspended_across(app, queue, shards, offset, limit)
+    with app.redis.pipeline(transaction=False) as pipe:
+        for shard in shards:
+            key = getattr(app.keys(shard), name)
+            pipe.zcard(key).zrange(key, 0, offset + limit - 1, desc=state == "dead",
+                                   withscores=True)
+        replies = pipe.execute()
+    total = sum(int(n) for n in replies[0::2])
+    found = [(shard, _text(m), float(score))
+             for shard, members in zip(shards, replies[1::2], strict=True)
+             for m, score in members]
+    found.sort(key=lambda row: -row[2] if state == "dead" else row[2])
+    page = found[offset: offset + limit]
+    with app.redis.pipeline(transaction=False) as pipe:
+        for shard, short, _ in page:
+            pipe.hgetall(app.keys(shard).job(short))
+        records = pipe.execute()
+    jobs = [(shown.info(app, shard, short, record), score / 1000)
+            for (shard, short, score), record in zip(page, records, strict=True) if record]
+    return JobPage(queue, state, total, offset, limit, jobs)
+
+
+def _suspended_across(app: Conveyor, queue: str, shards: list[str], offset: int,
+                      limit: int) -> JobPage:
+    with app.redis.pipeline(transaction=False) as pipe:
+        for shard in shards:
+            pipe.scard(app.keys(shard).suspended)
+        sizes = [int(n) for n in pipe.execute()]
+    jobs: list[tuple[JobInfo, float]] = []
+    skip = offset
+    for shard, size in zip(shards, sizes, strict=True):
+        if skip >= size:
+            skip -= size
+            continue
+        if len(jobs) < limit:
+            jobs += _suspended(app, shard, skip, limit - len(jobs)).jobs
+        skip = 0
+    return JobPage(queue, "suspended", sum(sizes), offset, limit, jobs)
+
+
 def _suspended(app: Conveyor, queue: str, offset: int, limit: int) -> JobPage:
     """A page of the suspended set: the first ``offset + limit`` members a scan meets
     (O(offset + limit)), each with when it was enqueued (a suspended record keeps no

@@ -33,13 +33,14 @@ import redis
 
 from .. import clock as server_clock
 from .. import keys as keyspace
-from .. import untrusted
+from .. import sharding, untrusted
 from ..keys import QueueKeys
 from ..worker import registry
 from ..worker.registry import WorkerInfo
+from . import shards as sharded
 from .activity import TaskActivity, finished, queue_activity, running, task_activity
 from .advice import Advice, decide
-from .flow import FlowState
+from .flow import FlowState, read_flow
 from .series import Series, build_series
 from .stats import (
     BACKLOG_COMMANDS,
@@ -85,6 +86,8 @@ class QueueOverview:
     flow: FlowState | None
     spark_read: float = 1.0  # share of the sparkline's buckets read so far (a fresh
     # reader's chart fills in over its first polls: see the module docstring)
+    shards: tuple[str, ...] = ()  # the shards whose figures are summed here (the queue
+    # itself first); just the queue for a queue never sharded
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,9 +317,14 @@ def plan_reads(app: Conveyor, cache: BucketCache, keys: dict[str, QueueKeys],
 
 
 def read_overview(app: Conveyor, cache: BucketCache, spark_window: float = 600,
-                  window: float = 60, target_wait: float = 10) -> Overview:
+                  window: float = 60, target_wait: float = 10,
+                  shards: bool = False) -> Overview:
     """Everything the dashboard's overview shows, read in three round trips within
-    :data:`BUDGET` commands per queue (see the module docstring for what each costs)."""
+    :data:`BUDGET` commands per queue (see the module docstring for what each costs).
+
+    Each shard is read as a queue; a sharded queue is then shown once, its figures summed
+    over its shards (:mod:`.shards`; one more read, of its layout, when it has limits),
+    unless ``shards`` asks for each shard apart."""
     now, names, sent = cache.clock(app)
     keys = {q: app.keys(q) for q in names}
     width = app.limits.bucket_seconds
@@ -346,23 +354,59 @@ def read_overview(app: Conveyor, cache: BucketCache, spark_window: float = 600,
     if plan.index:
         cache.take_index(app, replies)
     buckets = cache.assemble(keys, starts, fresh)
+    groups = {q: [q] for q in names} if shards else sharded.group(names)
     rows = []
-    for q in names:
-        part = merge([summed[q]] if q in summed else
-                     [b or {} for b in buckets[q][len(starts) - len(recent):]])
-        rows.append(_queue(app, q, keys[q], now, fixed[q], (now - recent[0], part), starts,
-                           buckets[q], live, window, target_wait))
-    active = {q: running(fixed[q][BACKLOG_COMMANDS]) for q in names}
-    idle = {q: finished(fixed[q][BACKLOG_COMMANDS + 1]) for q in names}
-    tasks = [a for q in names for a in task_activity(app, q, active[q], idle[q], now)]
+    for q, members in groups.items():
+        part = merge(d for m in members for d in (
+            [summed[m]] if m in summed else
+            [b or {} for b in buckets[m][len(starts) - len(recent):]]))
+        backlog, flow = _backlog(app, q, {m: keys[m] for m in members}, fixed)
+        rows.append(_queue(app, q, backlog, flow, now, (now - recent[0], part), starts,
+                           sharded.merge_buckets([buckets[m] for m in members]), live,
+                           window, target_wait, tuple(members)))
+    active = {q: _summed(running(fixed[m][BACKLOG_COMMANDS]) for m in members)
+              for q, members in groups.items()}
+    idle = {q: _latest(finished(fixed[m][BACKLOG_COMMANDS + 1]) for m in members)
+            for q, members in groups.items()}
+    tasks = [a for q in groups for a in task_activity(app, q, active[q], idle[q], now)]
     return Overview(now, rows, active, idle, live, tasks)
 
 
-def _queue(app: Conveyor, queue: str, keys: QueueKeys, now: float, fixed: list[Any],
+def _summed(parts: Iterator[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in parts:
+        for name, n in part.items():
+            out[name] = out.get(name, 0) + n
+    return out
+
+
+def _latest(parts: Iterator[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in parts:
+        for name, t in part.items():
+            out[name] = max(out.get(name, t), t)
+    return out
+
+
+def _backlog(app: Conveyor, queue: str, keys: dict[str, QueueKeys],
+             fixed: dict[str, list[Any]]) -> tuple[Backlog, FlowState | None]:
+    """The backlog and flow-control state of a queue from its shards' replies."""
+    backlog, flows = Backlog(), []
+    for shard, k in keys.items():
+        part, flow = take_backlog(app.redis, k, fixed[shard][:BACKLOG_COMMANDS])
+        backlog = backlog + part
+        flows.append(flow)
+    if len(flows) == 1 or all(f is None for f in flows):
+        return backlog, flows[0]
+    found = [f if f is not None else read_flow(app.redis, k)
+             for f, k in zip(flows, keys.values(), strict=True)]
+    return backlog, sharded.merge_flows(queue, found, sharding.read_layout(app, queue))
+
+
+def _queue(app: Conveyor, queue: str, backlog: Backlog, flow: FlowState | None, now: float,
            recent: tuple[float, TaskWindow], starts: list[int],
            buckets: list[dict[str, TaskWindow] | None], live: list[WorkerInfo],
-           window: float, target_wait: float) -> QueueOverview:
-    backlog, flow = take_backlog(app.redis, keys, fixed[:BACKLOG_COMMANDS])
+           window: float, target_wait: float, shards: tuple[str, ...]) -> QueueOverview:
     span, part = recent  # the stats window: its span (s) and its sums
     stats = build(None, queue, window, span, now, part, backlog)
     known = [b for b in buckets if b is not None]
@@ -373,4 +417,4 @@ def _queue(app: Conveyor, queue: str, keys: QueueKeys, now: float, fixed: list[A
                     target_wait, None, flow=flow)
     spark = build_series(starts, [b or {} for b in buckets], app.limits.bucket_seconds, 60)
     return QueueOverview(queue, backlog, flow is not None and flow.paused, stats, spark,
-                         advice, flow, len(known) / len(buckets) if buckets else 1.0)
+                         advice, flow, len(known) / len(buckets) if buckets else 1.0, shards)

@@ -8,6 +8,10 @@ seen. On start it counts every bucket still kept (up to ``limits.bucket_ttl`` of
 history): the closed ones summed in Redis (one ``ZUNION`` per thousand buckets, as the
 monitor reads a window), only the newest few, which scripts may still write to, read one
 by one and remembered. A restarted exporter is a counter reset, which ``rate()`` handles.
+
+A sharded queue is reported under its own name, each figure summed over its shards (the
+running totals are kept per shard and added up at each scrape, so they only grow as
+theirs do); ``shards=True`` reports each shard apart, under the shard's name.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ..clock import server_now
+from ..sharding import base_queue
 from .stats import (
     COUNTERS,
     TaskWindow,
@@ -53,13 +58,15 @@ class RedisCollector(Collector):
     :param app: the application whose queues are reported
     :param queues: queues to report (default: every known queue at each scrape)
     :param advice: also export ``conveyor_queue_workers_needed`` from the scaling advice
+    :param shards: report each shard of a sharded queue apart (default: summed)
     """
 
     def __init__(self, app: Conveyor, queues: list[str] | None = None,
-                 advice: bool = True) -> None:
+                 advice: bool = True, shards: bool = False) -> None:
         self.app = app
         self.queues = queues
         self.with_advice = advice
+        self.by_shard = shards
         self.seen: dict[str, dict[int, dict[str, float]]] = {}
         # Per queue: buckets older than this start were counted as one sum at the first
         # scrape; reading one of them again would count it twice.
@@ -70,10 +77,10 @@ class RedisCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self.lock:
-            queues = self.queues or self.app.known_queues()
+            queues = self.queues or self.app.monitor.queue_names()
             now = server_now(self.app.redis)
-            for queue in queues:
-                self._accumulate(queue, now)
+            for shard in [s for q in queues for s in self.app.monitor.shards_of(q)]:
+                self._accumulate(shard, now)
             self.last_now = now
             yield from self._gauges(queues, now)
             yield from self._counters()
@@ -135,15 +142,17 @@ class RedisCollector(Collector):
         needed = GaugeMetricFamily("conveyor_queue_workers_needed",
                                    "Worker processes the scaling advice asks for",
                                    labels=["queue"])
-        for queue in queues:
-            b = self.app.monitor.backlog(queue)
+        states = self.app.monitor.queue_states(queues, shards=self.by_shard)
+        for queue, found in states.items():
+            b = found.backlog
             for state in ("ready", "scheduled", "active", "dead", "suspended"):
                 backlog.add_metric([queue, state], getattr(b, state))
             held.add_metric([queue], b.held)
-            if self.with_advice:
+        if self.with_advice:  # workers serve a queue, all its shards: advice is per queue
+            for queue in queues:
                 needed.add_metric([queue], self.app.monitor.advice(queue).workers_needed)
-        for row in self.app.monitor.activity():
-            if row.queue in queues:
+        for row in self.app.monitor.activity(shards=self.by_shard):
+            if row.queue in states:
                 active.add_metric([row.queue, row.task], row.active)
                 if row.idle_since is not None:
                     idle.add_metric([row.queue, row.task], max(0.0, now - row.idle_since))
@@ -153,21 +162,33 @@ class RedisCollector(Collector):
         if self.with_advice:
             yield needed
 
+    def _reported(self) -> dict[tuple[str, str], TaskWindow]:
+        """The running totals by (queue, task): a sharded queue's summed over its shards
+        (unless each shard is reported apart)."""
+        if self.by_shard:
+            return dict(sorted(self.totals.items()))
+        out: dict[tuple[str, str], TaskWindow] = {}
+        for (shard, task), part in self.totals.items():
+            out.setdefault((base_queue(shard), task), TaskWindow()).merge(part)
+        return dict(sorted(out.items()))
+
     def _counters(self) -> Iterator[Metric]:
+        reported = self._reported()
         for name in COUNTERS:
             family = CounterMetricFamily(f"conveyor_jobs_{name}", f"Jobs {name}",
                                          labels=["queue", "task"])
-            for (queue, task), part in sorted(self.totals.items()):
+            for (queue, task), part in reported.items():
                 family.add_metric([queue, task], part.counters.get(name, 0))
             yield family
 
     def _histograms(self) -> Iterator[Metric]:
+        reported = self._reported()
         for kind in ("wait", "run"):
             family = HistogramMetricFamily(
                 f"conveyor_job_{kind}_seconds",
                 "Seconds jobs waited before they started" if kind == "wait"
                 else "Seconds jobs ran", labels=["queue", "task"])
-            for (queue, task), part in sorted(self.totals.items()):
+            for (queue, task), part in reported.items():
                 hist = part.wait if kind == "wait" else part.run
                 counts = hist.cumulative(EDGES)
                 buckets = [(_le(e), float(c)) for e, c in zip(EDGES, counts, strict=True)]
@@ -186,10 +207,10 @@ def _number(value: float) -> Any:
 
 
 def serve(app: Conveyor, port: int, addr: str = "0.0.0.0",
-          queues: list[str] | None = None) -> Any:
+          queues: list[str] | None = None, shards: bool = False) -> Any:
     """Start the HTTP exporter in a background thread; returns (server, thread)."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry()
-    registry.register(RedisCollector(app, queues))
+    registry.register(RedisCollector(app, queues, shards=shards))
     return start_http_server(port, addr, registry=registry)

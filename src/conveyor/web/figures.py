@@ -82,10 +82,11 @@ def overview(app: Conveyor) -> dict[str, Any]:
 def queue_detail(app: Conveyor, queue: str, window: float) -> dict[str, Any]:
     """One queue: backlog, stats over ``window``, per-priority and per-tenant backlog."""
     stats = app.monitor.stats(queue=queue, window=window)
+    shards = queries.shards(app, queue)
     return {"name": queue, "time": stats.now, "window": window,
             "backlog": queries.backlog(app, [queue])[queue], "stats": series.summary(stats),
             "advice": advice(app, queue), "flow": flow(app, queue),
-            **queries.tenants(app, queue)}
+            **queries.tenants(app, queue), **({"shards": shards} if shards else {})}
 
 
 def flow(app: Conveyor, queue: str, tenants: int = 50) -> dict[str, Any]:

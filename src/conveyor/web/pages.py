@@ -116,7 +116,8 @@ class Pages:
         backlog = queries.backlog(self.app, [queue])[queue]
         return self.render(request, "queue.html", "queue", queue=queue, backlog=backlog,
                            window=window_of(request), windows=WINDOWS,
-                           flow=self.app.monitor.flow(queue))
+                           flow=self.app.monitor.flow(queue),
+                           shards=queries.shards(self.app, queue))
 
     def tasks(self, request: Request) -> Response:
         return self.render(request, "tasks.html", "tasks", window=window_of(request),
@@ -127,7 +128,7 @@ class Pages:
         if wanted:
             base = request.scope.get("root_path", "")
             return RedirectResponse(f"{base}/jobs/{wanted}", status_code=303)
-        queues = self.app.known_queues()
+        queues = self.app.monitor.queue_names()
         return self.render(request, "jobs.html", "jobs", queues=queues,
                            backlog=queries.backlog(self.app, queues))
 

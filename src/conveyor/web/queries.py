@@ -15,6 +15,7 @@ from ..job import JobInfo
 from ..monitor import TaskActivity
 from ..monitor.lists import JOB_LISTS
 from ..monitor.shown import result_hidden
+from ..sharding import is_shard
 
 if TYPE_CHECKING:
     from ..app import Conveyor
@@ -31,6 +32,19 @@ def backlog(app: Conveyor, queues: list[str]) -> dict[str, dict[str, Any]]:
                 "active": s.backlog.active, "suspended": s.backlog.suspended,
                 "dead": s.backlog.dead, "paused": s.paused}
             for q, s in app.monitor.queue_states(queues).items()}
+
+
+def shards(app: Conveyor, queue: str) -> list[dict[str, Any]]:
+    """Each shard of a sharded queue with its figures (empty for a queue on one shard, and
+    for a shard's own name)."""
+    if is_shard(queue) or len(app.queue(queue).served()) < 2:
+        return []
+    return [{"name": s.name, "state": "retired" if s.retired else "active",
+             "ready": s.backlog.ready, "scheduled": s.backlog.scheduled,
+             "active": s.backlog.active, "dead": s.backlog.dead, "running": s.running,
+             "share": s.share, "rate": s.rate, "throughput": s.throughput,
+             "wait_p95": s.wait_p95, "node": s.node}
+            for s in app.monitor.shard_states(queue)]
 
 
 def tenants(app: Conveyor, queue: str) -> dict[str, Any]:

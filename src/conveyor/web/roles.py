@@ -11,7 +11,8 @@ Three roles, each with the powers of the one before:
 to everyone, admins included: a new action stays closed until it is given one.
 
 A user may be limited to some queues: the role's actions then apply only to those (an
-action that touches any other queue is refused). Reading is not limited: a limited user
+action that touches any other queue is refused); the shards of a sharded queue
+(``emails~1``, ...) are that queue's. Reading is not limited: a limited user
 still sees every queue, read-only. Queue names are not secrets within one namespace, and
 hiding them would need a filter in every page and endpoint; give a team that must not
 see another's jobs its own namespace (and Redis ACL user) instead.
@@ -22,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ..sharding import base_queue
 
 ROLES = ("readonly", "operator", "admin")  # each has the powers of those before it
 RULES: dict[str, str] = {
@@ -63,7 +66,8 @@ class User:
             return None
         if not queues:
             return f"{self.name} is limited to queues and this request names none"
-        outside = sorted(set(queues) - self.queues)
+        # a shard (``emails~1``) is part of its queue: a user of the queue may act on it
+        outside = sorted({base_queue(q) for q in queues} - self.queues)
         if outside:
             return (f"{self.name} may {action} only on queues {', '.join(sorted(self.queues))},"
                     f" not {', '.join(outside)}")
