@@ -125,14 +125,14 @@ class ShardedQueue(RuleBasedStateMachine):
 
     @rule()
     def share_out(self) -> None:
-        assert self._round()
+        assert self._round() is not None
         if self.cap is not None:
             shares = [int(self.app.redis.hget(self.app.keys(s).limits, "concurrency") or 0)
                       for s in self._served()]
             assert sum(shares) <= max(self.cap, self._running()), (shares, self.cap)
 
-    def _round(self) -> bool:
-        async def main() -> bool:
+    def _round(self) -> int | None:
+        async def main() -> int | None:
             return await sharding.rebalance(self.app, self.app.aredis(), self.app.ascripts(),
                                             "m", self._served())
 

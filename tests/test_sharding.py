@@ -406,11 +406,12 @@ def test_a_counter_gone_back_is_moved_past_what_the_shards_have_seen(
         sapp.scripts.run(calls.shard_allot(sapp.keys(shard), 500))
     sapp.redis.set(sapp.keys("s").shards_epoch, 7)
 
-    async def rounds() -> list[bool]:
+    async def rounds() -> list[int | None]:
         client, runner = sapp.aredis(), sapp.ascripts()
         return [await sharding.rebalance(sapp, client, runner, "s", shards) for _ in range(2)]
 
-    assert run_async(sapp, rounds()) == [False, True]
+    first, second = run_async(sapp, rounds())
+    assert first is None and second is not None  # refused, and the counter moved past
     assert sum(int(sapp.redis.hget(sapp.keys(s).limits, "concurrency") or 0)
                for s in shards) == 6
 
@@ -433,3 +434,23 @@ def test_purging_a_sharded_queue_cancels_the_ready_jobs_of_every_shard(
     jobs = sapp.tasks["s.echo"].enqueue_many([(i,) for i in range(9)])
     assert q.purge_ready() == 9
     assert {j.info().state for j in jobs} == {"cancelled"}
+
+
+def test_a_lost_layout_leaves_the_shares_as_they_are(sapp: conveyor.Conveyor) -> None:
+    """A layout gone (a hand edit, a copy of the data older than the sharding) tells no
+    cap: a round then moves nothing, rather than take the cap away from every shard."""
+    q = sapp.queue("s")
+    q.set_shards(3)
+    q.set_limits(concurrency=6)
+    sapp.tasks["s.echo"].enqueue_many([(i,) for i in range(9)])
+    shards = q.served()
+
+    async def one() -> int | None:
+        return await sharding.rebalance(sapp, sapp.aredis(), sapp.ascripts(), "s", shards)
+
+    assert run_async(sapp, one())
+    before = [sapp.redis.hget(sapp.keys(s).limits, "concurrency") for s in shards]
+    assert sum(int(b or 0) for b in before) == 6
+    sapp.redis.delete(sapp.keys("s").shards)
+    assert run_async(sapp, one()) == 0
+    assert [sapp.redis.hget(sapp.keys(s).limits, "concurrency") for s in shards] == before

@@ -184,25 +184,46 @@ class Layouts:
         known = self._known.get(queue)
         return known[1] if known is not None else Layout(queue, (queue,))
 
+    def _to_read(self, queue: str) -> list[str]:
+        """``queue``, and on the first read of a layout, those of the app's other queues
+        (so that a process's first enqueue to each costs no read of its own)."""
+        if self._known:
+            return [queue]
+        return [queue, *(q for q in self._app.queues() if q != queue)]
+
     def get(self, queue: str) -> Layout:
         """The layout of ``queue``, read again when :data:`LAYOUT_TTL` old."""
         layout = self._fresh(queue)
         if layout is not None:
             return layout
+        names = self._to_read(queue)
         try:
-            return self._learn(queue, self._app.redis.hgetall(self._app.keys(queue).shards))
-        except Exception as exc:
+            with self._app.redis.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.hgetall(self._app.keys(name).shards)
+                replies = pipe.execute()
+        except Exception as exc:  # see _failed
             return self._failed(queue, exc)
+        for name, raw in zip(names, replies, strict=True):
+            self._learn(name, raw)
+        return self._known[queue][1]
 
     async def aget(self, queue: str) -> Layout:
+        """Async twin of :meth:`get`."""
         layout = self._fresh(queue)
         if layout is not None:
             return layout
+        names = self._to_read(queue)
         try:
-            raw = await self._app.aredis().hgetall(self._app.keys(queue).shards)
-            return self._learn(queue, raw)
-        except Exception as exc:
+            async with self._app.aredis().pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.hgetall(self._app.keys(name).shards)
+                replies = await pipe.execute()
+        except Exception as exc:  # see _failed
             return self._failed(queue, exc)
+        for name, raw in zip(names, replies, strict=True):
+            self._learn(name, raw)
+        return self._known[queue][1]
 
     def forget(self, queue: str) -> None:
         self._known.pop(queue, None)
@@ -231,13 +252,15 @@ def served_from(layout: Layout, indexed: Sequence[str]) -> list[str]:
                                *sorted(n for n in indexed if n.startswith(prefix)))))
 
 
-async def aserved(app: Conveyor, client: Any, queues: Sequence[str]) -> dict[str, list[str]]:
-    """queue -> the shards of it a worker must serve, for each of ``queues``."""
+async def aserved(app: Conveyor, client: Any, queues: Sequence[str]
+                  ) -> dict[str, tuple[Layout, list[str]]]:
+    """queue -> its layout and the shards of it a worker must serve, for each of
+    ``queues``."""
     indexed = [_text(n) for n in await client.smembers(keyspace.queues_key(app.namespace))]
-    out: dict[str, list[str]] = {}
+    out: dict[str, tuple[Layout, list[str]]] = {}
     for queue in queues:
         layout = parse_layout(queue, await client.hgetall(app.keys(queue).shards))
-        out[queue] = served_from(layout, indexed)
+        out[queue] = (layout, served_from(layout, indexed))
     return out
 
 
@@ -410,14 +433,15 @@ def targets(cap: int, shares: Sequence[tuple[int, int]]) -> list[int]:
 
 
 async def rebalance(app: Conveyor, client: Any, runner: Any, queue: str,
-                    served: Sequence[str]) -> bool:
-    """One rebalancing round of ``queue``'s concurrency cap over ``served``; False when
-    another round holds the lock, or a newer round overtook this one (nothing more was
-    written; what was lowered stays lowered: the next round gives it back)."""
+                    served: Sequence[str]) -> int | None:
+    """One rebalancing round of ``queue``'s concurrency cap over ``served``: how many
+    shares it changed, or None when another round holds the lock, or a newer round
+    overtook this one (nothing more was written; what was lowered stays lowered: the next
+    round gives it back)."""
     k = app.keys(queue)
     token = os.urandom(8).hex()
     if not await client.set(k.shards_lock, token, nx=True, px=LOCK_MS):
-        return False
+        return None
     try:
         return await _round(app, client, runner, queue, list(served))
     finally:
@@ -429,12 +453,17 @@ async def rebalance(app: Conveyor, client: Any, runner: Any, queue: str,
 
 
 async def _round(app: Conveyor, client: Any, runner: Any, queue: str, shards: list[str]
-                 ) -> bool:
+                 ) -> int | None:
     from .scripts import calls
 
     k = app.keys(queue)
-    epoch = int(await client.incr(k.shards_epoch))
     layout = parse_layout(queue, await client.hgetall(k.shards))
+    if not layout.sharded:
+        # Never sharded (its cap is its own), or its layout is lost (a hand edit, a copy
+        # older than the sharding): the shares stay as they are, within the cap they were
+        # given, rather than be moved by a cap this round cannot know.
+        return 0
+    epoch = int(await client.incr(k.shards_epoch))
     read = [await runner.run(calls.shard_allot(app.keys(s), epoch)) for s in shards]
     if any(r.stale for r in read):
         # A shard has seen a newer round than the counter gives: another round overtook
@@ -443,40 +472,45 @@ async def _round(app: Conveyor, client: Any, runner: Any, queue: str, shards: li
         newest = max(r.seen for r in read)
         if newest >= epoch:
             await client.incrby(k.shards_epoch, newest - epoch + 1)
-        return False
+        return None
     cap = layout.concurrency
     if cap is None:  # the cap was removed: so are the shares
+        changed = 0
         for shard, r in zip(shards, read, strict=True):
             if r.share is not None:
                 await runner.run(calls.shard_allot(app.keys(shard), epoch, None))
-        return True
-    await _share_out(app, runner, epoch, cap, shards, read)
-    return True
+                changed += 1
+        return changed
+    return await _share_out(app, runner, epoch, cap, shards, read)
 
 
 async def _share_out(app: Conveyor, runner: Any, epoch: int, cap: int, shards: list[str],
-                     read: list[Any]) -> None:
+                     read: list[Any]) -> int | None:
     """Move the shares toward :func:`targets`: lower first (each shard keeps at least what
     it runs and says what it kept), then raise within what the cap leaves; stop at the
-    first shard that a newer round has seen."""
+    first shard that a newer round has seen (None). How many shares changed."""
     from .scripts import calls
 
     want = targets(cap, [(r.running, r.ready) for r in read])
     now = [r.share if r.share is not None else r.running for r in read]
+    changed = 0
     for i, shard in enumerate(shards):
         if want[i] < now[i] or read[i].share is None:
             r = await runner.run(calls.shard_allot(app.keys(shard), epoch, want[i]))
             if r.stale:
-                return
+                return None
+            changed += 1
             now[i] = r.share if r.share is not None else now[i]
     room = cap - sum(now)
     for i, shard in enumerate(shards):
         if room <= 0:
-            return
+            break
         if want[i] > now[i]:
             give = min(want[i] - now[i], room)
             r = await runner.run(calls.shard_allot(app.keys(shard), epoch, now[i] + give))
             if r.stale:
-                return
+                return None
+            changed += 1
             room -= give
             now[i] += give
+    return changed

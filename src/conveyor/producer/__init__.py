@@ -271,10 +271,16 @@ def _layout(task: Task[Any, Any], claim: calls.Claim | None) -> Layout | None:
     app = task.app
     if claim is not None or not isinstance(app._sender, RedisSender):
         return None
-    if not app._layouts.known(task.queue) and task.queue not in app._registered_queues:
-        # The send registers the queue, and reads its layout in the same round trip.
+    if _peek(app, task.queue):
         return app._layouts.peek(task.queue)
     return app._layouts.get(task.queue)
+
+
+def _peek(app: Conveyor, queue: str) -> bool:
+    """Whether the layout last read will do: it is known, and the send registers the queue
+    (so reads the layout again in its own round trip, see ``send._registration``). A layout
+    never read is read before the first job is placed."""
+    return app._layouts.known(queue) and queue not in app._registered_queues
 
 
 def shard_for(task: Task[Any, Any]) -> str:
@@ -306,8 +312,7 @@ async def aenqueue(task: Task[Any, Any], arguments: Sequence[Arguments],
     with _hooks(app, task, len(arguments), claim) as meta:
         layout = None
         if claim is None and isinstance(app._sender, RedisSender):
-            layout = (app._layouts.peek(task.queue) if not app._layouts.known(task.queue)
-                      and task.queue not in app._registered_queues
+            layout = (app._layouts.peek(task.queue) if _peek(app, task.queue)
                       else await app._layouts.aget(task.queue))
         placed = _placed(task, arguments, layout)
         if len(placed) == 1:

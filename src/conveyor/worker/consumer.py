@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ..bounds import Limits
 
 log = logging.getLogger("conveyor.worker")
+EMPTY_SHARD_LOOK_SECONDS = 0.1  # how often a busy worker looks again at shards found empty
 
 
 class Consumer:
@@ -88,6 +89,7 @@ class Consumer:
         self.next_due: dict[str, float | None] = dict.fromkeys(self.queues)
         self._rotation = 0
         self._top: dict[str, int | None] = {}  # per queue: its highest ready priority
+        self._looked = 0.0  # when shards found empty were last looked at again
         self._sharded: dict[str, set[str]] = {}  # queue -> its shards served, when several
         self._group()
 
@@ -148,12 +150,26 @@ class Consumer:
         order = [self.queues[(self._rotation + i) % n] for i in range(n)]
         if not self._sharded:
             return order
+        if time.monotonic() - self._looked >= EMPTY_SHARD_LOOK_SECONDS:
+            # A shard found empty is not woken when jobs reach it while this worker is
+            # busy with the others: looked at again now and then, first.
+            self._looked = time.monotonic()
+            self._forget_empty(*self._sharded.values())
         for shards in self._sharded.values():
             places = [i for i, queue in enumerate(order) if queue in shards]
             ranked = sorted((order[i] for i in places), key=self._rank)
             for i, queue in zip(places, ranked, strict=True):
                 order[i] = queue
         return order
+
+    def _forget_empty(self, *groups: set[str]) -> None:
+        """Shards of ``groups`` whose last fetch found nothing: rank them as unknown (first)
+        and fetch from them at the next round."""
+        for shards in groups:
+            for queue in shards:
+                if queue in self._top and self._top[queue] is None:
+                    del self._top[queue]
+                    self._more[queue] = True
 
     def _rank(self, queue: str) -> int:
         if queue not in self._top:
@@ -286,6 +302,7 @@ class Consumer:
 
     def wake_all(self) -> None:
         """Look at every queue again now (a wake marker arrived, or Redis came back)."""
+        self._forget_empty(*self._sharded.values())
         for queue in self.queues:
             self._more[queue] = True
         self._wakes += 1
@@ -298,6 +315,8 @@ class Consumer:
 
     def look_again(self, queue: str) -> None:
         """``queue`` has ready jobs: fetch from it at the next chance."""
+        if queue in self._top and self._top[queue] is None:
+            del self._top[queue]  # (found empty before: it ranks as unknown again)
         self._more[queue] = True
         self._wakes += 1
         self._wake()

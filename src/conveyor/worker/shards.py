@@ -3,10 +3,13 @@ and the rebalancing of each sharded queue's concurrency cap.
 
 At start the worker serves every shard of its queues that may hold jobs; this loop looks
 at the layouts again every :data:`LOOK_SECONDS` and hands new shards to the worker (a
-count raised while it runs), and every :data:`ROUND_SECONDS` runs a rebalancing round of
-each sharded queue (only one worker's round runs at a time: the others find the lock
-taken). A failed look or round is logged and tried at the next tick: until then the
-shards keep the shares they have, which never add up to more than the cap.
+count raised while it runs). A sharded queue with a cap gets a rebalancing round every
+:data:`ROUND_SECONDS` while its shares move, less often (down to every
+:data:`QUIET_ROUND_SECONDS`) while they stay put, so that idle workers send few commands;
+only one worker's round runs at a time (the others find the lock taken). A queue without
+a cap gets a round only at each look (it removes shares left from a cap). A failed look
+or round is logged and tried at the next tick: until then the shards keep the shares they
+have, which never add up to more than the cap.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.worker")
 LOOK_SECONDS = 2.0  # how often the layouts are read again (new shards are served then)
-ROUND_SECONDS = 0.25  # how often a sharded queue's cap is shared out again
+ROUND_SECONDS = 0.25  # how often a sharded queue's cap is shared out while shares move
+QUIET_ROUND_SECONDS = 1.0  # ... and at most this long apart while they stay put
 
 
 class ShardWatch:
@@ -43,12 +47,16 @@ class ShardWatch:
         self._bases = list(bases)
         self._on_new = on_new
         self.served: dict[str, list[str]] = {q: [q] for q in self._bases}
+        self._capped: dict[str, bool] = dict.fromkeys(self._bases, False)
+        self._pause: dict[str, float] = dict.fromkeys(self._bases, ROUND_SECONDS)
+        self._due: dict[str, float] = dict.fromkeys(self._bases, 0.0)
 
     async def look(self) -> None:
         """Read the layouts; hand the shards not served yet to the worker."""
         found = await sharding.aserved(self._app, self._client, self._bases)
         new: list[str] = []
-        for queue, shards in found.items():
+        for queue, (layout, shards) in found.items():
+            self._capped[queue] = layout.concurrency is not None
             known = self.served[queue]
             fresh = [s for s in shards if s not in known]
             if fresh:
@@ -67,19 +75,31 @@ class ShardWatch:
                         " alone until the next look", ", ".join(self._bases),
                         type(exc).__name__, exc)
 
+    async def _round(self, queue: str) -> None:
+        changed = await sharding.rebalance(self._app, self._client, self._runner, queue,
+                                           self.served[queue])
+        # Shares that moved may move again soon; shares that stayed put are looked at less
+        # often (a round taken by another worker leaves the pause as it is).
+        if changed:
+            self._pause[queue] = ROUND_SECONDS
+        elif changed == 0:
+            self._pause[queue] = min(QUIET_ROUND_SECONDS, self._pause[queue] * 2)
+        self._due[queue] = time.monotonic() + self._pause[queue]
+
     async def run(self) -> None:
         """Look at the layouts and share the caps out, for the worker's whole life."""
         looked = time.monotonic()
         while True:
             await asyncio.sleep(ROUND_SECONDS)
             try:
-                if time.monotonic() - looked >= LOOK_SECONDS:
+                looking = time.monotonic() - looked >= LOOK_SECONDS
+                if looking:
                     looked = time.monotonic()
                     await self.look()
                 for queue, shards in self.served.items():
-                    if len(shards) > 1:
-                        await sharding.rebalance(self._app, self._client, self._runner,
-                                                 queue, shards)
+                    if len(shards) > 1 and (looking or (
+                            self._capped[queue] and time.monotonic() >= self._due[queue])):
+                        await self._round(queue)
             except REDIS_ERRORS as exc:
                 log.warning("could not look after the shards of %s (%s: %s); trying again in"
                             " %.2f s", ", ".join(self._bases), type(exc).__name__, exc,
