@@ -206,7 +206,8 @@ class Worker:
                 self.loops.restart("wake listener", lambda: listen_for_wakeups(listening))
 
         listening_started = False
-        shard_watch = ShardWatch(app, client, runner, self.bases, serve)
+        shard_watch = ShardWatch(app, client, runner, self.bases, serve,
+                                 work=lambda: slots.processed + len(slots.held))
         await shard_watch.first_look()
         self.loops.start("wake listener", lambda: listen_for_wakeups(listening))
         listening_started = True
