@@ -454,3 +454,43 @@ def test_a_lost_layout_leaves_the_shares_as_they_are(sapp: conveyor.Conveyor) ->
     sapp.redis.delete(sapp.keys("s").shards)
     assert run_async(sapp, one()) == 0
     assert [sapp.redis.hget(sapp.keys(s).limits, "concurrency") for s in shards] == before
+
+
+def test_delays_debounce_cancel_progress_steps_and_workflows_work_on_a_sharded_queue(
+        sapp: conveyor.Conveyor) -> None:
+    from conveyor import current_job
+
+    calls_of: collections.Counter[str] = collections.Counter()
+    release = threading.Event()
+
+    @sapp.task(name="s.work", queue="w")
+    def work(label: str) -> str:
+        ctx = current_job()
+        ctx.progress(0.5, "half")
+        ctx.step("once", lambda: calls_of.update([label]))
+        if label == "slow":
+            release.wait(10)
+        return label
+
+    q = sapp.queue("w")
+    q.set_shards(3)
+    delayed = [work.options(delay=0.3).enqueue(f"d{i}") for i in range(6)]
+    debounced = [work.options(key="deb", debounce=0.3).enqueue(f"b{i}") for i in range(3)]
+    assert len({j.id for j in debounced}) == 1
+    doomed = [work.options(delay=30).enqueue(f"c{i}") for i in range(3)]
+    wf = sapp.workflow()
+    first = wf.add(work, "w1")
+    wf.add(work, "w2", after=first)
+    handle = wf.enqueue()
+    slow = work.enqueue("slow")
+    assert len({shard_of(j) for j in delayed}) == 3 and len({shard_of(j) for j in doomed}) == 3
+    assert all(j.cancel() for j in doomed)
+    with running_worker(sapp, queues=["w"], concurrency=4):
+        assert sorted(j.result(timeout=10) for j in delayed) == [f"d{i}" for i in range(6)]
+        assert debounced[0].result(timeout=10) == "b2"  # the latest arguments
+        wait_until(lambda: slow.info().progress == 0.5, timeout=10, message="progress")
+        release.set()
+        assert slow.result(timeout=10) == "slow"
+        assert sorted(handle.result(timeout=10).values()) == ["w1", "w2"]
+    assert {j.info().state for j in doomed} == {"cancelled"}
+    assert calls_of["slow"] == 1 and calls_of["w2"] == 1
