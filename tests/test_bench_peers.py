@@ -15,6 +15,7 @@ import redis
 from helpers import RedisServer, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.peers.procs import start_workers
 from bench.peers.redis_server import private_redis
 from bench.peers.report import table_rows
 from bench.peers.results import PeerResult, Value
@@ -131,3 +132,25 @@ def test_report_rows_name_sizes_and_compare_cpu_lower_is_better() -> None:
     assert cpu[-2] == "0.80x (huey)"
     assert "Redis memory per queued job, 1,000,000 queued (bytes, lower is better)" in by_label
     assert "Redis memory per queued job, 10,000 queued (bytes, lower is better)" in by_label
+
+
+def test_worker_cpu_keeps_what_forked_children_and_ended_workers_spent(tmp_path: Path) -> None:
+    burn = textwrap.dedent(
+        """
+        import os, time
+        def spin(seconds):
+            end = time.process_time() + seconds
+            while time.process_time() < end:
+                pass
+        pid = os.fork()
+        if pid == 0:  # a child per job: its time reaches the parent only once reaped
+            spin(0.3)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        spin(0.2)
+        """
+    )
+    group = start_workers([[sys.executable, "-c", burn]], dict(os.environ), ROOT, tmp_path / "log")
+    before = group.tree_cpu_seconds()
+    wait_until(lambda: not group.alive(), timeout=30, message="worker ended")
+    assert group.tree_cpu_seconds() - before >= 0.45
