@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 import time
@@ -63,6 +64,26 @@ class WorkerGroup:
         """
         return sum(process_cpu_seconds(pid) for pid in _session_pids(self.sessions))
 
+    def tree_cpu_seconds(self) -> float:
+        """CPU time the worker trees have used so far, counting processes that ended.
+
+        A worker that forks a child per job, or a burst worker that exits as the
+        queue empties, takes its CPU time out of :meth:`cpu_seconds`.  Here each
+        process (zombies too) counts its own time plus its reaped children's
+        (``utime + stime + cutime + cstime`` from ``/proc/PID/stat``), and the
+        session leaders the harness has reaped count through its own
+        ``RUSAGE_CHILDREN``, so the total never drops.  Clock ticks (10 ms per
+        process) are fine over a drain's seconds; the harness's other children must
+        not end while this is compared across a stretch.
+        """
+        reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+        total = reaped.ru_utime + reaped.ru_stime
+        for pid in _session_pids(self.sessions, zombies=True):
+            fields = _stat_fields(pid)
+            if fields:
+                total += sum(int(f) for f in fields[11:15]) / CLK_TCK
+        return total
+
 
 def start_workers(
     cmds: Sequence[list[str]], env: dict[str, str], cwd: Path, log_path: Path
@@ -114,14 +135,14 @@ def process_cpu_seconds(pid: int) -> float:
     return total_ns / 1e9
 
 
-def _session_pids(sessions: set[int]) -> list[int]:
+def _session_pids(sessions: set[int], zombies: bool = False) -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         fields = _stat_fields(int(entry))
-        # index 3 is the session id; skip zombies, they cost nothing.
-        if fields and fields[0] != "Z" and int(fields[3]) in sessions:
+        # index 3 is the session id; zombies cost nothing more, and cannot be signalled.
+        if fields and (zombies or fields[0] != "Z") and int(fields[3]) in sessions:
             pids.append(int(entry))
     return pids
 

@@ -5,7 +5,9 @@ Rows are metrics, columns are the ceiling, the peers, conveyor, then
 ceiling is not a peer), and "conveyor / ceiling": conveyor's figure divided by
 the plain redis-py pattern's, where the ceiling has that metric.  For rows
 where lower is better a ratio below 1 is good; the row label says which way
-is better.
+is better.  A cell is the median over the rounds with their min-max beside it
+(under it in the terminal); the ratios are of medians.  The Targets table
+(targets.py) follows the main one.
 """
 
 from __future__ import annotations
@@ -16,40 +18,35 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .results import METRICS, Metric, PeerResult, Value
+from . import targets
+from .results import METRICS, Metric, PeerResult, Value, best_peer, column
 
 RATIO_HEADER = "conveyor / best peer"
 CEILING_RATIO_HEADER = "conveyor / ceiling"
+DASH = "\u2013"
+"""Between min and max: an en dash, since a hyphen would read as a minus before a
+negative figure (a lateness)."""
 
 
-def fmt(value: Value, integer: bool = False) -> str:
-    if value.number is None:
-        return f"n/a ({value.reason})" if value.reason else "n/a"
+def _number(n: float, integer: bool) -> str:
+    return f"{n:,.0f}" if integer or abs(n) >= 100 else f"{n:,.2f}" if abs(n) >= 1 else f"{n:.3f}"
+
+
+def fmt(value: Value, integer: bool = False, sep: str = " ") -> str:
+    """The median, ``*`` if a round hit the drain cap, then ``(min-max)`` after *sep*."""
     n = value.number
-    text = f"{n:,.0f}" if integer or abs(n) >= 100 else f"{n:,.2f}" if abs(n) >= 1 else f"{n:.3f}"
-    return text + ("*" if value.partial else "")
-
-
-def _best_peer(metric: Metric, peers: Sequence[PeerResult]) -> tuple[float, str] | None:
-    scored = [
-        (v.number, p.title)
-        for p in peers
-        if (v := p.value(metric.key)).number is not None and not v.partial
-    ]
-    if not scored:
-        return None
-    if metric.higher_is_better:
-        best = max(n for n, _ in scored)
-    else:  # closest to zero: a negative lateness (started early) is no better than late
-        best = min((n for n, _ in scored), key=abs)
-    tied = [title for n, title in scored if n == best]
-    return best, ", ".join(tied) if len(tied) <= 2 else f"{len(tied)} peers"
+    if n is None:
+        return f"n/a ({value.reason})" if value.reason else "n/a"
+    text = _number(n, integer) + ("*" if value.partial else "")
+    if value.spread:
+        low, high = value.spread
+        text += f"{sep}({_number(low, integer)}{DASH}{_number(high, integer)})"
+    return text
 
 
 def ratio(metric: Metric, results: Sequence[PeerResult]) -> str:
     conveyor = next((r for r in results if r.name == "conveyor"), None)
-    peers = [r for r in results if r.name not in ("conveyor", "ceiling")]
-    best = _best_peer(metric, peers)
+    best = best_peer(metric, results)
     if conveyor is None or best is None:
         return "n/a"
     return _ratio_text(conveyor.value(metric.key).number, best[0], f" ({best[1]})")
@@ -58,8 +55,8 @@ def ratio(metric: Metric, results: Sequence[PeerResult]) -> str:
 def ceiling_ratio(metric: Metric, results: Sequence[PeerResult]) -> str:
     """conveyor against the plain redis-py pattern, where both have the figure."""
     conveyor = next((r for r in results if r.name == "conveyor"), None)
-    ceiling = next((r for r in results if r.name == "ceiling"), None)
-    if conveyor is None or ceiling is None or ceiling.status != "ok":
+    ceiling = column(results, "ceiling")
+    if conveyor is None or ceiling is None:
         return "n/a"
     ref = ceiling.value(metric.key)
     if ref.number is None or ref.partial:
@@ -75,10 +72,10 @@ def _ratio_text(mine: float | None, ref: float, who: str) -> str:
     return f"{mine / ref:.2f}x{who}"
 
 
-def _cell(result: PeerResult, metric: Metric, short: bool) -> str:
+def _cell(result: PeerResult, metric: Metric, short: bool, sep: str) -> str:
     if result.status != "ok":
         return "n/a"
-    text = fmt(result.value(metric.key), metric.integer)
+    text = fmt(result.value(metric.key), metric.integer, sep)
     return "n/a" if short and text.startswith("n/a") else text
 
 
@@ -93,26 +90,39 @@ def metric_label(metric: Metric, sizes: Mapping[str, int]) -> str:
 
 
 def table_rows(
-    results: Sequence[PeerResult], short: bool = True, sizes: Mapping[str, int] | None = None
+    results: Sequence[PeerResult],
+    short: bool = True,
+    sizes: Mapping[str, int] | None = None,
+    sep: str = " ",
 ) -> list[list[str]]:
-    """Header row then one row per metric; *short* drops n/a reasons."""
+    """Header row then one row per metric; *short* drops n/a reasons; *sep* goes between
+    a median and its min-max (a newline stacks them)."""
     header = ["metric", *(r.title for r in results), RATIO_HEADER, CEILING_RATIO_HEADER]
     rows = [header]
     for m in METRICS:
         arrow = "higher" if m.higher_is_better else "lower"
         label = f"{metric_label(m, sizes or {})} ({m.unit}, {arrow} is better)"
-        cells = [_cell(r, m, short) for r in results]
+        cells = [_cell(r, m, short, sep) for r in results]
         rows.append([label, *cells, ratio(m, results), ceiling_ratio(m, results)])
     return rows
 
 
 def print_table(results: Sequence[PeerResult], sizes: Mapping[str, int] | None = None) -> None:
-    rows = table_rows(results, sizes=sizes)
+    _print_rows("conveyor vs peers", table_rows(results, sizes=sizes, sep="\n"))
+
+
+def print_targets(outcomes: Sequence[targets.Outcome]) -> None:
+    _print_rows("Targets (medians of this run)", targets.rows(outcomes))
+
+
+def _print_rows(title: str, rows: list[list[str]]) -> None:
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
+        rows = [[c.replace("\n", " ") for c in row] for row in rows]
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        print(title)
         for row in rows:
             print(
                 "  ".join(
@@ -121,7 +131,7 @@ def print_table(results: Sequence[PeerResult], sizes: Mapping[str, int] | None =
                 )
             )
         return
-    table = Table(title="conveyor vs peers")
+    table = Table(title=title)
     for i, h in enumerate(rows[0]):
         table.add_column(h, justify="left" if i == 0 else "right")
     for row in rows[1:]:
@@ -169,8 +179,10 @@ def write_markdown(
     elapsed_s: float,
     sizes: Mapping[str, int] | None = None,
     sections: Sequence[str] = (),
+    goals: Sequence[targets.Outcome] = (),
 ) -> None:
-    """Write RESULTS.md: machine, versions and configs, the table, *sections*, and notes."""
+    """Write RESULTS.md: machine, versions and configs, the table, the targets, *sections*,
+    and notes."""
     lines = [
         "# conveyor vs peers",
         "",
@@ -187,8 +199,10 @@ def write_markdown(
         "",
         _markdown_table(table_rows(results, sizes=sizes)),
         "",
-        "`*` = drain hit its time cap; the figure is the rate reached until then.",
+        f"Each cell: the median over the rounds, then (min{DASH}max). `*` = a drain hit its time "
+        "cap; the figure is the rate reached until then.",
         "",
+        *_targets_section(goals),
         *sections,
         "## Peers and configurations",
         "",
@@ -214,11 +228,21 @@ def write_markdown(
     path.write_text(text)
 
 
+def _targets_section(goals: Sequence[targets.Outcome]) -> list[str]:
+    if not goals:
+        return []
+    return ["## Targets", "", _markdown_table(targets.rows(goals)), ""]
+
+
 KEPT_MARK = "<!-- kept: the sections below survive a regeneration by bench.peers -->"
 
 
 METHOD_NOTES = """## Method
 
+- Rounds: `--runs` rounds, each running every peer once, in table order, so that a slow
+  spell of the shared machine falls on every peer alike. Every step below runs once per
+  round; each cell is the median over the rounds, then (min-max) over them; the ratio
+  columns and the targets divide medians. Memory is measured in the first round only.
 - Every peer runs in its own virtualenv (`bench/.venvs/`), with `hiredis` installed;
   conveyor runs in the repository's venv. One private `redis-server` serves all of them,
   flushed between steps.
@@ -232,27 +256,35 @@ METHOD_NOTES = """## Method
   with the "best for 2 cores" configuration only (the "1 process" one would add about
   as much time again to the run).
 - Enqueue: N jobs one call at a time (and in bulk calls of 100 where the peer has a
-  bulk API), timed inside the driver after one warm-up call; median of the runs.
+  bulk API), timed inside the driver after one warm-up call; one run per round.
 - Drain: N jobs are enqueued through the peer's API once, the keyspace is snapshotted
   (`DUMP`) and restored (`RESTORE`) before each run; the rate is counted from the first
-  completed job to the last, so worker start-up is excluded. Median of the runs; a
-  configuration is repeated up to `--runs` times or until 30 s were spent on it, and a
-  run is cut at the drain cap (`*`, excluded from "best peer").
+  completed job to the last, so worker start-up is excluded. One run per configuration
+  per round; a run is cut at the drain cap (`*`, excluded from "best peer"), and a
+  configuration cut once is not run in later rounds.
+- Worker CPU per job: the CPU time (user + system) of the worker processes' whole trees
+  (each started in a session of its own) over the same stretch as the drain rate, first
+  completion to last, divided by the jobs drained in it. Every process in those
+  sessions, zombies included, counts `utime + stime + cutime + cstime` from
+  `/proc/PID/stat`, and workers that ended and were reaped by the harness count through
+  its `RUSAGE_CHILDREN`, so a fork per job and burst workers that exit are counted.
+  Clock ticks: 10 ms per process per reading.
 - Latency: an idle worker, ~20 ms between probes; each probe carries `time.time()` at
-  enqueue and the task records `time.time()` at start (same machine). p50/p99 per run,
-  median over runs. "Start after enqueue returns" takes the same probes from when the
+  enqueue and the task records `time.time()` at start (same machine). p50/p99 of a
+  round's probes. "Start after enqueue returns" takes the same probes from when the
   enqueue call returned (the driver times each call and records it after the probes), so
   it leaves out the enqueue call itself.
 - Delayed jobs: a fresh idle worker (default profile; RQ's with `--with-scheduler`),
-  then 100 delayed probes 50 ms apart per run, delays 0.2-1.0 s in whole ms spread
+  then 100 delayed probes 50 ms apart per round, delays 0.2-1.0 s in whole ms spread
   evenly (golden-ratio steps, so they do not fall due together). Each probe's argument
   is its due time, computed by the enqueuer as `time.time()` + delay just before the
-  call; the task records `time.time()` - due at start. Lateness p50/p99 per run, median
-  over runs; "started before due" counts negative samples over all runs. SAQ's
+  call; the task records `time.time()` - due at start. Lateness p50/p99 of a round's
+  probes; "started before due" counts a round's negative samples. SAQ's
   `scheduled=` takes whole epoch seconds, so its due times are rounded up to the next
   second (and the task carries that rounded time). A probe not started 10 s after the
   last was due fails the step.
-- Idle: after the latency probes and a 2 s pause, `INFO stats` `total_commands_processed`
+- Idle: after the latency probes and a 2 s pause, over one window per round (10 s
+  shared among the rounds), `INFO stats` `total_commands_processed`
   deltas (minus the harness's own INFO calls; Lua scripts count every inner
   `redis.call`) and the CPU time of the worker's whole process tree from `/proc`.
 - Memory: `used_memory` delta after enqueueing N queued jobs (through the peer's fastest
@@ -264,13 +296,16 @@ METHOD_NOTES = """## Method
 - Redis CPU per job: the private server's own CPU time (user + system over all its
   threads, from `/proc/<pid>/task/*/schedstat`, nanoseconds) across a phase, divided by
   its jobs. Enqueue: around each timed run of N single enqueues (sync API where the peer
-  has one, else async), read by the driver just outside its timing; median of the runs.
-  Drain: over the same runs and the same stretch as the drain rate (first completion to
+  has one, else async), read by the driver just outside its timing.
+  Drain: over the same stretch as the drain rate (first completion to
   last, so worker start-up is left out), minus the harness's own counter polls (each
-  costed by timing 1,000 `GET`s at the start of the peer's run); median of the runs;
-  the "best for 2 cores" configuration. The standard body's `INCR` is part of the
+  costed by timing 1,000 `GET`s when the peer is first run); the "best for 2 cores"
+  configuration. The standard body's `INCR` is part of the
   drain figure (the same for every peer); the nearly free row shows the queue alone
   (plus one `INCRBY` per process every 5 ms). "single enqueue plus drain" is the sum of
-  the first two. With no other client, the server's idle timer adds well under 1 µs per
-  job.
+  the first two, taken from the same round. With no other client, the server's idle
+  timer adds well under 1 µs per job.
+- Targets: conveyor's medians against factors of the ceiling's, of the best peer's (only
+  peers in this run, named in the table; the lowest for CPU rows) or of
+  `--cpu-reference-us`.
 """
