@@ -396,3 +396,39 @@ class RedisCluster:
     def cleanup(self) -> None:
         for node in self.nodes:
             node.cleanup()
+
+
+class FlowFleet:
+    """``conveyor worker apps.flow_app:app`` processes of one app (its URL and namespace
+    reach them through the environment); each one's output goes to a file in ``tmp``."""
+
+    def __init__(self, app: conveyor.Conveyor, tmp: Path) -> None:
+        self.app, self.tmp = app, tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, n: int, concurrency: int = 8) -> None:
+        env = env_with_src() | {"CONVEYOR_REDIS_URL": self.app.url,
+                                "FLOW_NAMESPACE": self.app.namespace}
+        conveyor_cli = str(Path(sys.executable).with_name("conveyor"))
+        alive = self.alive() + n
+        for _ in range(n):
+            log = (self.tmp / f"worker-{len(self.procs)}.log").open("wb")
+            self.procs.append(subprocess.Popen(
+                [conveyor_cli, "worker", "apps.flow_app:app", "-c", str(concurrency)],
+                env=env, cwd=Path(__file__).parent, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+        wait_until(lambda: self.app.redis.zcard(f"{self.app.namespace}:workers") >= alive,
+                   timeout=30, message=f"{alive} workers registered")
+
+    def alive(self) -> int:
+        return sum(p.poll() is None for p in self.procs)
+
+    def kill_one(self) -> None:
+        """SIGKILL the oldest live worker (its registration stays until it lapses)."""
+        victim = next(p for p in self.procs if p.poll() is None)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+
+    def stop(self) -> None:
+        stop_processes(self.procs)
+

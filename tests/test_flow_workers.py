@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +20,9 @@ import pytest
 
 import conveyor
 from apps.flow_app import make_app, max_overlap, most_starts_in_window, read_ledger
-from helpers import RedisServer, env_with_src, start_told, stop_processes, wait_until
+from helpers import FlowFleet, RedisServer, start_told, wait_until
 
 pytestmark = pytest.mark.xdist_group("flow-workers")
-CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
 
 
 @pytest.fixture
@@ -34,32 +32,9 @@ def fapp(redis_server: RedisServer, namespace: str) -> Iterator[conveyor.Conveyo
     application.close()
 
 
-class Fleet:
-    """Worker processes of the flow app; each one's output goes to a file."""
-
-    def __init__(self, app: conveyor.Conveyor, tmp: Path) -> None:
-        self.app, self.tmp = app, tmp
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, n: int, concurrency: int = 8) -> None:
-        env = env_with_src() | {"CONVEYOR_REDIS_URL": self.app.url,
-                                "FLOW_NAMESPACE": self.app.namespace}
-        for _ in range(n):
-            log = (self.tmp / f"worker-{len(self.procs)}.log").open("wb")
-            self.procs.append(subprocess.Popen(
-                [CONVEYOR, "worker", "apps.flow_app:app", "-c", str(concurrency)], env=env,
-                cwd=Path(__file__).parent, stdout=log, stderr=subprocess.STDOUT))
-            log.close()
-        wait_until(lambda: self.app.redis.zcard(f"{self.app.namespace}:workers") >= n,
-                   timeout=30, message=f"{n} workers registered")
-
-    def stop(self) -> None:
-        stop_processes(self.procs)
-
-
 @pytest.fixture
-def fleet(fapp: conveyor.Conveyor, tmp_path: Path) -> Iterator[Fleet]:
-    f = Fleet(fapp, tmp_path)
+def fleet(fapp: conveyor.Conveyor, tmp_path: Path) -> Iterator[FlowFleet]:
+    f = FlowFleet(fapp, tmp_path)
     yield f
     f.stop()
 
@@ -72,7 +47,7 @@ def running_now(app: conveyor.Conveyor) -> int:
     return int(app.redis.hget(app.keys("flow").counts, "running") or 0)
 
 
-def test_queue_cap_holds_across_workers(fapp: conveyor.Conveyor, fleet: Fleet) -> None:
+def test_queue_cap_holds_across_workers(fapp: conveyor.Conveyor, fleet: FlowFleet) -> None:
     fapp.queue("flow").set_limits(concurrency=5)
     fleet.start(3, concurrency=8)
     jobs = work(fapp).enqueue_many([(f"j{i}", 0.2) for i in range(40)])
@@ -88,7 +63,7 @@ def test_queue_cap_holds_across_workers(fapp: conveyor.Conveyor, fleet: Fleet) -
     assert running_now(fapp) == 0
 
 
-def test_tenant_cap_never_blocks_another_tenant(fapp: conveyor.Conveyor, fleet: Fleet) -> None:
+def test_tenant_cap_never_blocks_another_tenant(fapp: conveyor.Conveyor, fleet: FlowFleet) -> None:
     fapp.queue("flow").set_limits(tenant_concurrency=2)
     fleet.start(3, concurrency=8)
     work(fapp).options(tenant="A").enqueue_many([(f"A{i}", 2.0) for i in range(30)])
@@ -110,7 +85,7 @@ def test_tenant_cap_never_blocks_another_tenant(fapp: conveyor.Conveyor, fleet: 
     assert max(r.end or 0 for r in b_runs) - sent < 2.0
 
 
-def test_queue_rate_is_used_and_never_passed(fapp: conveyor.Conveyor, fleet: Fleet) -> None:
+def test_queue_rate_is_used_and_never_passed(fapp: conveyor.Conveyor, fleet: FlowFleet) -> None:
     fapp.queue("flow").set_limits(rate="50/s")
     fleet.start(3, concurrency=16)
     jobs = work(fapp).enqueue_many([(f"r{i}", 0.0) for i in range(300)])
@@ -123,7 +98,7 @@ def test_queue_rate_is_used_and_never_passed(fapp: conveyor.Conveyor, fleet: Fle
     assert 4.5 <= span <= 5.5, span
 
 
-def test_tenant_rates_with_a_queue_rate(fapp: conveyor.Conveyor, fleet: Fleet) -> None:
+def test_tenant_rates_with_a_queue_rate(fapp: conveyor.Conveyor, fleet: FlowFleet) -> None:
     fapp.queue("flow").set_limits(rate="15/s", tenant_rate="10/s")
     fleet.start(2, concurrency=16)
     jobs = []
@@ -143,7 +118,7 @@ def test_tenant_rates_with_a_queue_rate(fapp: conveyor.Conveyor, fleet: Fleet) -
 
 
 def test_a_killed_workers_slots_come_back_with_its_leases(
-    fapp: conveyor.Conveyor, fleet: Fleet
+    fapp: conveyor.Conveyor, fleet: FlowFleet
 ) -> None:
     fapp.queue("flow").set_limits(concurrency=3)
     fleet.start(1, concurrency=8)
@@ -168,7 +143,7 @@ def test_a_killed_workers_slots_come_back_with_its_leases(
 
 
 def test_limits_changed_at_runtime_hold_within_a_second(
-    fapp: conveyor.Conveyor, fleet: Fleet
+    fapp: conveyor.Conveyor, fleet: FlowFleet
 ) -> None:
     q = fapp.queue("flow")
     q.set_limits(concurrency=1)
@@ -193,7 +168,7 @@ def test_limits_changed_at_runtime_hold_within_a_second(
 
 
 def test_an_idle_worker_does_not_poll_a_queue_held_by_its_limits(
-    fapp: conveyor.Conveyor, fleet: Fleet, redis_server: RedisServer
+    fapp: conveyor.Conveyor, fleet: FlowFleet, redis_server: RedisServer
 ) -> None:
     """Nothing eligible (a cap of 0 over 100 ready jobs): the worker blocks on its wake key
     and looks at the queue once per quiet spell, never in a loop."""
@@ -218,7 +193,7 @@ def test_an_idle_worker_does_not_poll_a_queue_held_by_its_limits(
 
 
 def test_a_rate_raised_at_runtime_is_used_within_a_second(
-    fapp: conveyor.Conveyor, fleet: Fleet
+    fapp: conveyor.Conveyor, fleet: FlowFleet
 ) -> None:
     q = fapp.queue("flow")
     q.set_limits(rate="4/s")

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,16 +26,7 @@ from apps.flow_app import make_app, read_ledger
 from conveyor import sharding
 from conveyor.errors import ConfigurationError
 from conveyor.scripts import calls
-from helpers import (
-    RedisCluster,
-    env_with_src,
-    run_async,
-    running_worker,
-    stop_processes,
-    wait_until,
-)
-
-CONVEYOR = str(Path(sys.executable).with_name("conveyor"))
+from helpers import FlowFleet, RedisCluster, run_async, running_worker, wait_until
 
 
 def shard_of(job: conveyor.Job) -> str:
@@ -216,32 +204,6 @@ def test_rounds_racing_each_other_never_share_out_more_than_the_cap(
 # -- workers on the real cluster ---------------------------------------------------------
 
 
-class Fleet:
-    """Worker processes of the flow app on the cluster."""
-
-    def __init__(self, app: conveyor.Conveyor, tmp: Path) -> None:
-        self.app, self.tmp = app, tmp
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, n: int, concurrency: int = 8) -> None:
-        env = env_with_src() | {"CONVEYOR_REDIS_URL": self.app.url,
-                                "FLOW_NAMESPACE": self.app.namespace}
-        for _ in range(n):
-            log = (self.tmp / f"worker-{len(self.procs)}.log").open("wb")
-            self.procs.append(subprocess.Popen(
-                [CONVEYOR, "worker", "apps.flow_app:app", "-c", str(concurrency)], env=env,
-                cwd=Path(__file__).parent, stdout=log, stderr=subprocess.STDOUT))
-            log.close()
-
-    def kill_one(self) -> None:
-        alive = [p for p in self.procs if p.poll() is None]
-        alive[0].send_signal(signal.SIGKILL)
-        alive[0].wait(10)
-
-    def stop(self) -> None:
-        stop_processes(self.procs)
-
-
 @pytest.fixture
 def fleet_app(session_cluster: RedisCluster, namespace: str) -> Iterator[conveyor.Conveyor]:
     application = make_app(session_cluster.url, namespace)
@@ -250,8 +212,8 @@ def fleet_app(session_cluster: RedisCluster, namespace: str) -> Iterator[conveyo
 
 
 @pytest.fixture
-def fleet(fleet_app: conveyor.Conveyor, tmp_path: Path) -> Iterator[Fleet]:
-    f = Fleet(fleet_app, tmp_path)
+def fleet(fleet_app: conveyor.Conveyor, tmp_path: Path) -> Iterator[FlowFleet]:
+    f = FlowFleet(fleet_app, tmp_path)
     yield f
     f.stop()
 
@@ -272,7 +234,7 @@ def overlap(runs: list, seconds: float) -> int:
 
 @pytest.mark.xdist_group("shard-fleet")
 def test_the_cap_holds_across_shards_and_workers_killed_holding_jobs(
-        fleet_app: conveyor.Conveyor, fleet: Fleet) -> None:
+        fleet_app: conveyor.Conveyor, fleet: FlowFleet) -> None:
     q = fleet_app.queue("flow")
     q.set_shards(3)
     q.set_limits(concurrency=5)
@@ -296,7 +258,7 @@ def test_the_cap_holds_across_shards_and_workers_killed_holding_jobs(
 
 @pytest.mark.xdist_group("shard-fleet")
 def test_changing_the_count_while_jobs_flow_loses_and_repeats_nothing(
-        fleet_app: conveyor.Conveyor, fleet: Fleet) -> None:
+        fleet_app: conveyor.Conveyor, fleet: FlowFleet) -> None:
     q = fleet_app.queue("flow")
     work = fleet_app.tasks["flow.work"]
     fleet.start(2, concurrency=8)
