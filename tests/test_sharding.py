@@ -456,3 +456,20 @@ def test_delays_debounce_cancel_progress_steps_and_workflows_work_on_a_sharded_q
         assert sorted(handle.result(timeout=10).values()) == ["w1", "w2"]
     assert {j.info().state for j in doomed} == {"cancelled"}
     assert calls_of["slow"] == 1 and calls_of["w2"] == 1
+
+
+def test_a_cap_written_over_moves_no_share(sapp: conveyor.Conveyor) -> None:
+    q = sapp.queue("s")
+    q.set_shards(2)
+    q.set_limits(concurrency=4)
+    shards = q.served()
+
+    async def one() -> int | None:
+        return await sharding.rebalance(sapp, sapp.aredis(), sapp.ascripts(), "s", shards)
+
+    run_async(sapp, one())
+    before = [sapp.redis.hget(sapp.keys(s).limits, "concurrency") for s in shards]
+    sapp.redis.hset(sapp.keys("s").shards, "concurrency", "four")
+    assert sharding.read_layout(sapp, "s").garbled
+    assert run_async(sapp, one()) == 0
+    assert [sapp.redis.hget(sapp.keys(s).limits, "concurrency") for s in shards] == before

@@ -79,6 +79,8 @@ class Layout:
     :ivar retired: shards a smaller count stopped sending to (still served)
     :ivar concurrency: the queue's cap, all shards together (None: no cap)
     :ivar rate: the queue's rate, all shards together (jobs per second; None: none)
+    :ivar garbled: a limit field holds no number: the cap is not known (rounds then move
+        no share, rather than read it as no cap)
     """
 
     queue: str
@@ -86,6 +88,7 @@ class Layout:
     retired: tuple[str, ...] = ()
     concurrency: int | None = None
     rate: float | None = None
+    garbled: bool = False  # a limit field that reads as no number (written over by hand)
 
     @property
     def served(self) -> tuple[str, ...]:
@@ -120,15 +123,15 @@ def parse_layout(queue: str, raw: dict[Any, Any]) -> Layout:
     if not active or active[0] != queue:
         active = (queue, *(n for n in active if n != queue))
     retired = tuple(n for n in _names(queue, fields.get("retired")) if n not in active)
+    concurrency, rate, garbled = None, None, False
     try:
-        concurrency: int | None = int(fields["concurrency"])
-    except (KeyError, ValueError):
-        concurrency = None
-    try:
-        rate: float | None = float(fields["rate"])
-    except (KeyError, ValueError):
-        rate = None
-    return Layout(queue, active, retired, concurrency, rate)
+        if fields.get("concurrency"):
+            concurrency = int(fields["concurrency"])
+        if fields.get("rate"):
+            rate = float(fields["rate"])
+    except ValueError:
+        garbled = True
+    return Layout(queue, active, retired, concurrency, rate, garbled)
 
 
 def place(layout: Layout, tenant: str | None, key: str | None, turn: int) -> str:
@@ -458,10 +461,10 @@ async def _round(app: Conveyor, client: Any, runner: Any, queue: str, shards: li
 
     k = app.keys(queue)
     layout = parse_layout(queue, await client.hgetall(k.shards))
-    if not layout.sharded:
-        # Never sharded (its cap is its own), or its layout is lost (a hand edit, a copy
-        # older than the sharding): the shares stay as they are, within the cap they were
-        # given, rather than be moved by a cap this round cannot know.
+    if not layout.sharded or layout.garbled:
+        # Never sharded (its cap is its own), or its layout is lost or written over (a hand
+        # edit, a copy older than the sharding): the shares stay as they are, within the
+        # cap they were given, rather than be moved by a cap this round cannot know.
         return 0
     epoch = int(await client.incr(k.shards_epoch))
     read = [await runner.run(calls.shard_allot(app.keys(s), epoch)) for s in shards]
