@@ -473,3 +473,35 @@ def test_a_cap_written_over_moves_no_share(sapp: conveyor.Conveyor) -> None:
     assert sharding.read_layout(sapp, "s").garbled
     assert run_async(sapp, one()) == 0
     assert [sapp.redis.hget(sapp.keys(s).limits, "concurrency") for s in shards] == before
+
+
+def test_on_the_cluster_a_tenant_and_a_priority_wait_for_no_other_shard_s_backlog(
+        capp: conveyor.Conveyor) -> None:
+    """On the 3-primary cluster: a backlog of one tenant on one shard holds back neither
+    another tenant's jobs on another shard nor a higher priority on a third."""
+    started: dict[str, float] = {}
+
+    @capp.task(name="s.timed", queue="fair")
+    async def timed(label: str) -> None:
+        started[label] = time.time()
+        await asyncio.sleep(0.005)
+
+    q = capp.queue("fair")
+    q.set_shards(3)
+    layout = sharding.read_layout(capp, "fair")
+    by_shard: dict[str, str] = {}
+    for i in range(200):
+        by_shard.setdefault(sharding.place(layout, f"t{i}", None, 0), f"t{i}")
+    heavy, light, urgent = (by_shard[s] for s in layout.active)
+    timed.options(tenant=heavy, priority=2).enqueue_many([(f"h{i}",) for i in range(1500)])
+    with running_worker(capp, queues=["fair"], concurrency=4):
+        wait_until(lambda: len(started) >= 50, timeout=20, message="the backlog under way")
+        sent = time.time()
+        timed.options(tenant=light, priority=2).enqueue_many([(f"l{i}",) for i in range(5)])
+        timed.options(tenant=urgent, priority=8).enqueue_many([(f"u{i}",) for i in range(5)])
+        wait_until(lambda: all(f"l{i}" in started and f"u{i}" in started for i in range(5)),
+                   timeout=20, message="the light and urgent jobs")
+        backlog_left = sum(f"h{i}" not in started for i in range(1500))
+    assert backlog_left > 500  # they did not wait for the backlog to drain
+    assert max(started[f"u{i}"] for i in range(5)) - sent < 0.5
+    assert max(started[f"l{i}"] for i in range(5)) - sent < 1.0
