@@ -227,10 +227,12 @@ class ChaosRun:
         least :data:`RETRY_GRACE` seconds after the early round."""
         p, rng = self.profile, injector.rng
         kinds = injector.available(p.weights)
-        untried = sorted(k for k in kinds if k != "limits")
+        last = [k for k in ("limits", "shards") if k in kinds]
+        untried = sorted(k for k in kinds if k not in last)
         rng.shuffle(untried)
-        if "limits" in kinds:  # last of the early round: the others keep their seeded order
-            untried.insert(0, "limits")
+        # Last of the early round (popped from the end), so that the others keep the order
+        # a seed gave them before these kinds came.
+        untried[:0] = reversed(last)
         retry: list[str] = []
         began = time.monotonic()
         retry_until = 2 * p.fault_seconds  # pushed back if the early round itself runs late
