@@ -186,7 +186,7 @@ class Queue:
         for shard in new.served:
             self.app.scripts.run(calls.set_limits(self.app.keys(shard), per_shard, clear))
         sharding.spread_rate(self.app, new)
-        return self.limits()
+        return self._whole(new)
 
     def own_limits_hash(self) -> dict[str, str]:
         """The limits hash of the queue itself (for a sharded queue: of its first shard)."""
@@ -224,10 +224,14 @@ class Queue:
 
     def limits(self) -> QueueLimits:
         """The queue's limits as stored now (for a sharded queue, the whole queue's)."""
-        own = limits_from_hash(self.own_limits_hash())
         layout = sharding.read_layout(self.app, self.name)
-        if not layout.sharded:
-            return own
+        return self._whole(layout) if layout.sharded else limits_from_hash(
+            self.own_limits_hash())
+
+    def _whole(self, layout: sharding.Layout) -> QueueLimits:
+        """A sharded queue's limits: its cap and rate from ``layout``, its tenants' from
+        the queue's own limits hash (the same on every shard)."""
+        own = limits_from_hash(self.own_limits_hash())
         return QueueLimits(layout.concurrency, layout.rate, own.tenant_concurrency,
                            own.tenant_rate, own.tenants)
 

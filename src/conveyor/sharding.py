@@ -228,9 +228,6 @@ class Layouts:
             self._learn(name, raw)
         return self._known[queue][1]
 
-    def forget(self, queue: str) -> None:
-        self._known.pop(queue, None)
-
     def known(self, queue: str) -> bool:
         return queue in self._known
 
@@ -399,9 +396,9 @@ def spread_rate(app: Conveyor, layout: Layout, shards: Sequence[str] | None = No
 
 def write_global(app: Conveyor, layout: Layout) -> None:
     """Store the whole queue's cap and rate in its layout."""
-    app.redis.hset(app.keys(layout.queue).shards, mapping={
-        "concurrency": "" if layout.concurrency is None else str(layout.concurrency),
-        "rate": "" if layout.rate is None else repr(layout.rate)})
+    fields = _fields(layout)
+    app.redis.hset(app.keys(layout.queue).shards,
+                   mapping={name: fields[name] for name in ("concurrency", "rate")})
 
 
 # -- rebalancing the concurrency cap (workers) -------------------------------------------

@@ -265,15 +265,30 @@ def _placed(task: Task[Any, Any], arguments: Sequence[Arguments], layout: Layout
     return list(groups.items())
 
 
+def _spreads(task: Task[Any, Any], claim: calls.Claim | None) -> bool:
+    """Whether the task's jobs may be spread over shards (a periodic tick's claim and the
+    inline runner of conveyor.testing keep them on the queue itself)."""
+    return claim is None and isinstance(task.app._sender, RedisSender)
+
+
 def _layout(task: Task[Any, Any], claim: calls.Claim | None) -> Layout | None:
-    """The layout of the task's queue, when its jobs may be spread (a periodic tick's
-    claim and the inline runner of conveyor.testing keep them on the queue itself)."""
+    """The layout of the task's queue, when its jobs may be spread."""
     app = task.app
-    if claim is not None or not isinstance(app._sender, RedisSender):
+    if not _spreads(task, claim):
         return None
     if _peek(app, task.queue):
         return app._layouts.peek(task.queue)
     return app._layouts.get(task.queue)
+
+
+async def _alayout(task: Task[Any, Any], claim: calls.Claim | None) -> Layout | None:
+    """Async twin of :func:`_layout`."""
+    app = task.app
+    if not _spreads(task, claim):
+        return None
+    if _peek(app, task.queue):
+        return app._layouts.peek(task.queue)
+    return await app._layouts.aget(task.queue)
 
 
 def _peek(app: Conveyor, queue: str) -> bool:
@@ -288,21 +303,38 @@ def shard_for(task: Task[Any, Any]) -> str:
     return _placed(task, [((), {})], _layout(task, None))[0][0]
 
 
+def _plans(task: Task[Any, Any], arguments: Sequence[Arguments], meta: dict[str, str] | None,
+           claim: calls.Claim | None, placed: list[tuple[str, list[int]]]
+           ) -> list[tuple[list[int], Plan]]:
+    """One plan per shard the jobs go to, with the positions in ``arguments`` it stores
+    (every job is encoded before any is sent)."""
+    if len(placed) == 1:
+        return [(placed[0][1], plan(task, arguments, meta=meta, claim=claim,
+                                    queue=placed[0][0]))]
+    return [(positions, plan(task, [arguments[i] for i in positions], meta=meta, queue=shard))
+            for shard, positions in placed]
+
+
+def _in_order(count: int, sent: list[tuple[list[int], list[Job[Any]]]]) -> list[Job[Any]]:
+    """The jobs of every plan sent, in the order of the arguments they were made from."""
+    if len(sent) == 1:
+        return sent[0][1]
+    out: list[Job[Any] | None] = [None] * count
+    for positions, jobs in sent:
+        for i, job in zip(positions, jobs, strict=True):
+            out[i] = job
+    return out  # type: ignore[return-value]  # every position was filled
+
+
 def enqueue(task: Task[Any, Any], arguments: Sequence[Arguments],
             claim: calls.Claim | None = None) -> list[Job[Any]]:
-    """Store one job of ``task`` per (args, kwargs): hooks, plan, send."""
+    """Store one job of ``task`` per (args, kwargs): hooks, plans, send."""
     app = task.app
     with _hooks(app, task, len(arguments), claim) as meta:
         placed = _placed(task, arguments, _layout(task, claim))
-        if len(placed) == 1:
-            p = plan(task, arguments, meta=meta, claim=claim, queue=placed[0][0])
-            return _jobs(p, app._sender.send(p))
-        out: list[Job[Any] | None] = [None] * len(arguments)
-        for shard, positions in placed:
-            p = plan(task, [arguments[i] for i in positions], meta=meta, queue=shard)
-            for i, job in zip(positions, _jobs(p, app._sender.send(p)), strict=True):
-                out[i] = job
-        return out  # type: ignore[return-value]  # every position was filled
+        return _in_order(len(arguments), [
+            (positions, _jobs(p, app._sender.send(p)))
+            for positions, p in _plans(task, arguments, meta, claim, placed)])
 
 
 async def aenqueue(task: Task[Any, Any], arguments: Sequence[Arguments],
@@ -310,20 +342,10 @@ async def aenqueue(task: Task[Any, Any], arguments: Sequence[Arguments],
     """Async twin of :func:`enqueue`."""
     app = task.app
     with _hooks(app, task, len(arguments), claim) as meta:
-        layout = None
-        if claim is None and isinstance(app._sender, RedisSender):
-            layout = (app._layouts.peek(task.queue) if _peek(app, task.queue)
-                      else await app._layouts.aget(task.queue))
-        placed = _placed(task, arguments, layout)
-        if len(placed) == 1:
-            p = plan(task, arguments, meta=meta, claim=claim, queue=placed[0][0])
-            return _jobs(p, await app._sender.asend(p))
-        out: list[Job[Any] | None] = [None] * len(arguments)
-        for shard, positions in placed:
-            p = plan(task, [arguments[i] for i in positions], meta=meta, queue=shard)
-            for i, job in zip(positions, _jobs(p, await app._sender.asend(p)), strict=True):
-                out[i] = job
-        return out  # type: ignore[return-value]  # every position was filled
+        placed = _placed(task, arguments, await _alayout(task, claim))
+        return _in_order(len(arguments), [
+            (positions, _jobs(p, await app._sender.asend(p)))
+            for positions, p in _plans(task, arguments, meta, claim, placed)])
 
 
 def enqueue_child(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any],

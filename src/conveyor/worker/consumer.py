@@ -315,8 +315,7 @@ class Consumer:
 
     def look_again(self, queue: str) -> None:
         """``queue`` has ready jobs: fetch from it at the next chance."""
-        if queue in self._top and self._top[queue] is None:
-            del self._top[queue]  # (found empty before: it ranks as unknown again)
+        self._forget_empty({queue})  # (found empty before: it ranks as unknown again)
         self._more[queue] = True
         self._wakes += 1
         self._wake()
