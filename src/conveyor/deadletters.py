@@ -32,9 +32,7 @@ class DeadLetters:
         """The shards that may hold the queue's dead jobs, the queue itself first."""
         if sharding.is_shard(self.queue):
             return [self.queue]
-        indexed = [untrusted.text(n) or ""
-                   for n in self.app.redis.smembers(keyspace.queues_key(self.app.namespace))]
-        return sharding.served_from(sharding.read_layout(self.app, self.queue), indexed)
+        return self.app.queue(self.queue).served()
 
     def __len__(self) -> int:
         with self.app.redis.pipeline(transaction=False) as pipe:
